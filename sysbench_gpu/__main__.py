@@ -1,0 +1,4 @@
+from sysbench_gpu.cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

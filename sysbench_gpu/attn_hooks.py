@@ -1,0 +1,1 @@
+"""Placeholder: hook-based attention attribution (issue 5)."""

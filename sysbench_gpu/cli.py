@@ -1,0 +1,68 @@
+"""Command-line entry point: ``sysbench-gpu`` and ``python -m sysbench_gpu``.
+
+Each stage module exposes ``register(subparsers)`` that adds its sub-commands with
+``set_defaults(func=...)``. Stage modules import torch, vllm and friends lazily
+inside their functions, so building the parser stays cheap and ``metrics`` or
+``report`` never touch a GPU library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from typing import Sequence
+
+from sysbench_gpu import __version__
+from sysbench_gpu.errors import SysbenchError
+
+# Order is the order in `--help`: the pipeline, then the side stage.
+STAGE_MODULES = (
+    "sysbench_gpu.data",
+    "sysbench_gpu.batch_infer",
+    "sysbench_gpu.judge",
+    "sysbench_gpu.metrics",
+    "sysbench_gpu.report",
+    "sysbench_gpu.upstream",
+    "sysbench_gpu.attention",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sysbench-gpu",
+        description="Generate, judge, score and explain SysBench runs.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in STAGE_MODULES:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        result = args.func(args)
+    except SysbenchError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # Output piped into `head` and friends: not an error of ours.
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        print("interrupted: finished records are kept; rerun the same command to resume", file=sys.stderr)
+        return 130
+    return int(result or 0)

@@ -1,0 +1,68 @@
+"""The engine interface: a batch of conversations in, completions with token counts out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence, TypedDict
+
+
+class ChatMessage(TypedDict):
+    role: str  # system | user | assistant
+    content: str
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """Sampling parameters. None means "the model's own default" (its generation config).
+
+    ``json_schema`` asks engines that support it (vLLM) to constrain the output to a
+    JSON schema; others ignore it.
+    """
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    json_schema: dict[str, Any] | None = None
+
+    def explicit(self) -> dict[str, Any]:
+        """Only the fields a user set, for the manifest."""
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
+class Completion:
+    text: str
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_prompt_tokens: int | None = None  # where the engine reports prefix-cache hits
+    finish_reason: str | None = None  # stop | length | error | ...
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    """What every backend provides."""
+
+    name: str
+    model: str
+
+    def chat(self, conversations: Sequence[Sequence[ChatMessage]], sampling: SamplingSpec) -> list[Completion]:
+        """Complete every conversation; the result is in input order, one per conversation."""
+        ...
+
+    def count_prompt_tokens(self, conversation: Sequence[ChatMessage]) -> int | None:
+        """Tokens of the templated prompt, or None where the engine cannot tell before sending."""
+        ...
+
+    def context_length(self) -> int | None:
+        """The model's maximum sequence length, or None when unknown."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Engine settings for the manifest (no secrets)."""
+        ...
+
+    def close(self) -> None:
+        ...

@@ -1,0 +1,56 @@
+"""Shared fixtures: the shared SysBench folder, the embedded model, and the gpu marker."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED_DIR = Path(os.environ.get("SYSBENCH_SHARED", REPO_ROOT.parent / "shared" / "sysbench"))
+SESSIONS_FILE = SHARED_DIR / "sessions.json"
+UPSTREAM_DIR = SHARED_DIR / "upstream-results"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    has_cuda = False
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        pass
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    if not SESSIONS_FILE.is_file():
+        pytest.skip(f"shared SysBench data not found at {SHARED_DIR} (set SYSBENCH_SHARED)")
+    return SHARED_DIR
+
+
+@pytest.fixture(scope="session")
+def sessions_file(shared_dir: Path) -> Path:
+    return shared_dir / "sessions.json"
+
+
+@pytest.fixture(scope="session")
+def dataset(sessions_file: Path):
+    from sysbench_gpu.data import load_dataset
+
+    return load_dataset(sessions_file)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    """The embedded model as a safetensors folder (converted once into the user cache)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from sysbench_gpu.models import resolve_model
+
+    return resolve_model("smollm2")
