@@ -47,6 +47,8 @@ class Engine(Protocol):
 
     name: str
     model: str
+    # False on every rank but one under torchrun/external launchers: only the primary writes files.
+    is_primary: bool
 
     def chat(self, conversations: Sequence[Sequence[ChatMessage]], sampling: SamplingSpec) -> list[Completion]:
         """Complete every conversation; the result is in input order, one per conversation."""
@@ -54,6 +56,10 @@ class Engine(Protocol):
 
     def count_prompt_tokens(self, conversation: Sequence[ChatMessage]) -> int | None:
         """Tokens of the templated prompt, or None where the engine cannot tell before sending."""
+        ...
+
+    def supports_system_role(self) -> bool:
+        """False when the chat template rejects a system message (the scheduler then folds it into turn 1)."""
         ...
 
     def context_length(self) -> int | None:
