@@ -155,6 +155,10 @@ def load_dataset(path: str | Path) -> Dataset:
     try:
         raw = json.loads(raw_bytes.decode("utf-8"))
     except UnicodeDecodeError as error:
+        if error.reason == "unexpected end of data":
+            raise SysbenchError(
+                f"{resolved}: not valid JSON: it ends inside a character at byte {error.start} (the file looks truncated)"
+            ) from None
         raise SysbenchError(f"{resolved}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     except json.JSONDecodeError as error:
         hint = " (the file looks truncated)" if error.pos >= len(raw_bytes.rstrip()) - 1 else ""

