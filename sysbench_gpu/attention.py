@@ -1,16 +1,572 @@
-"""Placeholder: filled in by its issue."""
+"""The ``attention`` stage: the system message's share of attention for every token of every session.
+
+For each session one teacher-forced forward runs over the whole final conversation
+(system + user turns + replies from the run's ``generations.jsonl`` or the reference
+replies); ``attn_hooks.AttentionShareCapture`` measures at the selected layers the
+share of attention that every token gives to the system text and to the template's
+leading tokens. With ``--control`` the same conversation is also run with the system
+text sent as user (joined to the first user message).
+
+Output directory::
+
+    OUT/
+      manifest.json            how the numbers were made (model, layers, chunking, spans, versions)
+      sessions/<id>.<condition>.npz   per session: token ids, per-token shares per layer, boundaries, meta
+      sessions/<id>.<condition>.skipped.json   a session that could not be measured (and why)
+      shards/rank<r>-of-<w>.jsonl      per-turn rows written by each rank as it goes
+      turn_shares.jsonl        merged per-turn table (rank 0, at the end)
+      analysis.json            correlation with verdicts, system-vs-user comparison, summaries
+      figures/                 token_shares_<id>_<layer>.png/pdf, turn_means_<layer>.png/pdf
+
+Resume is per session and condition: an existing ``.npz`` (written atomically) is
+skipped. Under ``torchrun`` (RANK/WORLD_SIZE in the environment) each rank takes every
+WORLD_SIZE-th session; rank 0 waits for the others' done markers and merges.
+"""
 
 from __future__ import annotations
 
 import argparse
+import io
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
 
 from sysbench_gpu.errors import SysbenchError
 
+log = logging.getLogger(__name__)
+
+STAGE = "attention"
+SPAN_NAMES = ("lead", "system")
+
+
+# ----------------------------------------------------------------- CLI
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("attention", help="share of attention on system tokens (issue 5)")
-    parser.set_defaults(func=_not_ready)
+    parser = subparsers.add_parser(
+        "attention",
+        help="share of attention on the system message, per token, per session (teacher-forced)",
+        description="Measure the system message's share of attention for every token of every session.",
+    )
+    parser.add_argument("run_dir", help="run directory (sessions.json, generations.jsonl, judgments.jsonl)")
+    parser.add_argument("--model", required=True, help="model path or hub id, or 'smollm2'")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--layers", default="mid,last", help="mid, last, all or layer numbers, comma-separated (default mid,last)")
+    parser.add_argument("--sessions", help="system ids, e.g. 1,2,10-20 (default: all sessions of the run)")
+    parser.add_argument("--limit", type=int, help="only the first N selected sessions")
+    parser.add_argument("--control", action="store_true", help="also run the system text as a user message")
+    parser.add_argument(
+        "--replies", choices=("auto", "generations", "reference"), default="auto",
+        help="assistant replies to teacher-force: the run's generations or the reference replies (auto: generations if any)",
+    )
+    parser.add_argument("--chunk-tokens", type=int, help="query and key chunk length (default: sized from --chunk-mib)")
+    parser.add_argument("--chunk-mib", type=int, default=256, help="memory budget for the score blocks of one layer (MiB)")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    parser.add_argument("--device", default="auto", help="auto (cuda:LOCAL_RANK if available, else cpu), cpu, cuda, cuda:N")
+    parser.add_argument("--device-map", help="e.g. auto: spread a large model over all visible GPUs in this process")
+    parser.add_argument("--per-head", action="store_true", help="also store per-head shares")
+    parser.add_argument("--store-dtype", choices=("float16", "float32"), default="float32", help="dtype of stored shares")
+    parser.add_argument("--max-tokens", type=int, help="longest conversation; later turns are dropped to fit (default: model context)")
+    parser.add_argument("--no-figures", action="store_true", help="do not draw figures")
+    parser.add_argument("--figure-session", type=int, help="session for the per-token figure (default: the first one)")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates for confidence intervals")
+    parser.add_argument("--wait-timeout", type=float, default=86400.0, help="rank 0: seconds to wait for other ranks")
+    parser.set_defaults(func=cmd_attention)
+
+    plot = subparsers.add_parser(
+        "attention-plot",
+        help="figures from one or more attention output directories (e.g. several models)",
+    )
+    plot.add_argument("dirs", nargs="+", help="attention output directories")
+    plot.add_argument("--out", required=True, help="figure directory")
+    plot.add_argument("--layer", default="mid", help="layer label (mid, last, layerN)")
+    plot.add_argument("--names", help="comma-separated model names for the legend (default: from the manifests)")
+    plot.add_argument("--session", type=int, help="also draw the per-token figure of this session")
+    plot.set_defaults(func=cmd_attention_plot)
 
 
-def _not_ready(args: argparse.Namespace) -> int:
-    raise SysbenchError("'attention' is not implemented yet")
+def parse_session_ids(spec: str | None) -> list[int] | None:
+    if not spec:
+        return None
+    ids: list[int] = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            if "-" in part:
+                low, high = (int(x) for x in part.split("-", 1))
+                ids.extend(range(low, high + 1))
+            else:
+                ids.append(int(part))
+        except ValueError:
+            raise SysbenchError(f"--sessions: {part!r} is not a number or a range like 3-7") from None
+    return ids
+
+
+@dataclass(frozen=True)
+class Distributed:
+    rank: int
+    world: int
+    local_rank: int
+
+    @classmethod
+    def from_env(cls) -> "Distributed":
+        try:
+            rank = int(os.environ.get("RANK", "0"))
+            world = int(os.environ.get("WORLD_SIZE", "1"))
+            local = int(os.environ.get("LOCAL_RANK", str(rank)))
+        except ValueError:
+            raise SysbenchError("RANK, WORLD_SIZE and LOCAL_RANK must be integers") from None
+        if world < 1 or not 0 <= rank < world:
+            raise SysbenchError(f"RANK={rank} is not within WORLD_SIZE={world}")
+        return cls(rank, world, local)
+
+    @property
+    def tag(self) -> str:
+        return f"rank{self.rank}-of-{self.world}"
+
+
+# ----------------------------------------------------------------- storage
+
+
+def session_path(out: Path, system_id: int, condition: str) -> Path:
+    return out / "sessions" / f"{system_id:04d}.{condition}.npz"
+
+
+def skip_path(out: Path, system_id: int, condition: str) -> Path:
+    return out / "sessions" / f"{system_id:04d}.{condition}.skipped.json"
+
+
+def save_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    temp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(temp, "wb") as handle:
+        handle.write(buffer.getvalue())
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temp, path)
+
+
+def load_session(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {key: data[key] for key in data.files}
+    except (OSError, ValueError) as error:
+        raise SysbenchError(f"{path}: not a readable session file ({error})") from None
+
+
+def append_lines(path: Path, lines: Sequence[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, "".join(line + "\n" for line in lines).encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ----------------------------------------------------------------- conversations
+
+
+def conversation_turns(session: Any, replies: str, generations: dict[tuple[int, int], Any]) -> tuple[list[Any], str | None]:
+    """Leading turns that have a reply, and why the conversation stops early (None if complete)."""
+    from sysbench_gpu.attn_segments import TurnText
+
+    turns: list[TurnText] = []
+    for turn in session.turns:
+        if replies == "generations":
+            record = generations.get((session.system_id, turn.index))
+            reply = None if record is None else record.response
+            missing = "no generation" if record is None else f"generation status {record.status!r}"
+        else:
+            reply = turn.reference
+            missing = "no reference reply"
+        if reply is None:
+            return turns, f"turn {turn.index}: {missing}"
+        turns.append(TurnText(index=turn.index, user=turn.user, reply=reply))
+    return turns, None
+
+
+def session_arrays(layout: Any, results: dict[int, Any], layers: Sequence[int], meta: dict[str, Any], store_dtype: str) -> dict[str, np.ndarray]:
+    dtype = np.float16 if store_dtype == "float16" else np.float32
+    shares = np.stack([results[layer].mean[0].numpy() for layer in layers]).astype(dtype)  # [L, T, 2]
+    arrays = {
+        "token_ids": np.asarray(layout.token_ids, dtype=np.int64),
+        "layers": np.asarray(layers, dtype=np.int64),
+        "shares": shares,
+        "span_names": np.asarray(SPAN_NAMES),
+        "spans": np.asarray([layout.lead, layout.system], dtype=np.int64),
+        "system": np.asarray(layout.system, dtype=np.int64),
+        "users": np.asarray(layout.users, dtype=np.int64).reshape(-1, 2),
+        "replies": np.asarray(layout.replies, dtype=np.int64).reshape(-1, 2),
+        "turns": np.asarray(layout.turns, dtype=np.int64).reshape(-1, 2),
+        "turn_numbers": np.asarray(layout.turn_numbers, dtype=np.int64),
+        "meta": np.asarray(json.dumps(meta, ensure_ascii=False)),
+    }
+    if results[layers[0]].per_head is not None:
+        arrays["per_head"] = np.stack([results[layer].per_head[0].numpy() for layer in layers]).astype(dtype)
+    return arrays
+
+
+# ----------------------------------------------------------------- model
+
+
+_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16"}
+
+
+def load_model(name: str, dtype: str, device: str, device_map: str | None, local_rank: int) -> tuple[Any, Any, str]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from sysbench_gpu.models import resolve_model
+
+    path = resolve_model(name)
+    if dtype != "auto" and dtype not in _DTYPES:
+        raise SysbenchError(f"--dtype: unknown dtype {dtype!r} (auto, float32, bfloat16, float16)")
+    kwargs: dict[str, Any] = {"dtype": "auto" if dtype == "auto" else getattr(torch, _DTYPES[dtype])}
+    if device_map:
+        kwargs["device_map"] = device_map
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except (OSError, ValueError) as error:
+        raise SysbenchError(f"could not load model {name!r} from {path}: {error}") from None
+    if not device_map:
+        if device == "auto":
+            device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+        model.to(device)
+    model.eval()
+    if not getattr(tokenizer, "chat_template", None):
+        raise SysbenchError(f"{path}: the tokenizer has no chat template")
+    return model, tokenizer, path
+
+
+def input_device(model: Any) -> Any:
+    return model.get_input_embeddings().weight.device
+
+
+# ----------------------------------------------------------------- the stage
+
+
+def cmd_attention(args: argparse.Namespace) -> int:
+    from sysbench_gpu.runstore import RunDir
+
+    run = RunDir(args.run_dir).require()
+    sessions = run.load_sessions()
+    wanted = parse_session_ids(args.sessions)
+    if wanted is not None:
+        known = {s.system_id for s in sessions}
+        unknown = sorted(set(wanted) - known)
+        if unknown:
+            raise SysbenchError(f"{run.sessions_path}: no session with system_id {', '.join(map(str, unknown))}")
+        sessions = [s for s in sessions if s.system_id in set(wanted)]
+    if args.limit is not None:
+        sessions = sessions[: args.limit]
+    generations = run.generations.read()
+    replies = args.replies
+    if replies == "auto":
+        replies = "generations" if generations else "reference"
+    if replies == "generations" and not generations:
+        raise SysbenchError(f"{run.generations.path}: no generations (use --replies reference)")
+    conditions = ("system", "control") if args.control else ("system",)
+    out = Path(args.out)
+    dist = Distributed.from_env()
+    settings = {
+        "run_dir": str(Path(args.run_dir).resolve()),
+        "model": args.model,
+        "layers_spec": args.layers,
+        "replies": replies,
+        "store_dtype": args.store_dtype,
+    }
+    _check_settings(out, settings, write=dist.rank == 0)
+    mine = sessions[dist.rank :: dist.world]
+    todo = [
+        (session, condition)
+        for session in mine
+        for condition in conditions
+        if not session_path(out, session.system_id, condition).exists()
+        and not skip_path(out, session.system_id, condition).exists()
+    ]
+    log.info("%s: %d of %d session runs to do (%d already done)", dist.tag, len(todo), len(mine) * len(conditions), len(mine) * len(conditions) - len(todo))
+    if todo:
+        measure_sessions(args, run, todo, generations, replies, out, dist, settings)
+    mark = out / "shards" / f"{dist.tag}.done"
+    mark.parent.mkdir(parents=True, exist_ok=True)
+    mark.write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n", encoding="utf-8")
+    if dist.rank != 0:
+        return 0
+    wait_for_ranks(out, dist, args.wait_timeout)
+    finish(out, run, args)
+    return 0
+
+
+def _check_settings(out: Path, settings: dict[str, Any], write: bool = True) -> dict[str, Any]:
+    from sysbench_gpu.runstore import write_json_atomic
+
+    manifest_path = out / "manifest.json"
+    manifest: dict[str, Any] = {}
+    if manifest_path.exists():
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as error:
+            raise SysbenchError(f"{manifest_path}: not valid JSON ({error.msg})") from None
+        for key, value in settings.items():
+            if key in manifest and manifest[key] != value:
+                raise SysbenchError(
+                    f"{manifest_path}: field {key!r} is {manifest[key]!r} but this run asks for {value!r}; "
+                    "use another --out directory"
+                )
+    manifest.update(settings)
+    if write:  # under torchrun only rank 0 writes the manifest; the others check it
+        write_json_atomic(manifest_path, manifest)
+    return manifest
+
+
+def measure_sessions(
+    args: argparse.Namespace,
+    run: Any,
+    todo: list[tuple[Any, str]],
+    generations: dict[tuple[int, int], Any],
+    replies: str,
+    out: Path,
+    dist: Distributed,
+    settings: dict[str, Any],
+) -> None:
+    import torch
+    from tqdm import tqdm
+
+    from sysbench_gpu.attn_analysis import turn_row_json, turn_shares
+    from sysbench_gpu.attn_hooks import AttentionShareCapture, num_layers, resolve_layers
+    from sysbench_gpu.attn_segments import fit_layout
+    from sysbench_gpu.runstore import package_versions, utc_now, write_json_atomic
+
+    model, tokenizer, path = load_model(args.model, args.dtype, args.device, args.device_map, dist.local_rank)
+    labels = resolve_layers(args.layers, num_layers(model))
+    layers = sorted(set(labels.values()))
+    by_index = {str(index): label for label, index in labels.items()}
+    context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    max_tokens = args.max_tokens or context
+    manifest = _check_settings(out, {**settings, "layers": layers}, write=dist.rank == 0)
+    if dist.rank == 0:
+        manifest.update(
+            {
+                "stage": STAGE,
+                "model_path": path,
+                "layer_labels": labels,
+                "n_layers": num_layers(model),
+                "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+                "attn_implementation_wrapped": model.config._attn_implementation,
+                "chunk_tokens": args.chunk_tokens,
+                "chunk_mib": args.chunk_mib,
+                "max_tokens": max_tokens,
+                "world_size": dist.world,
+                "device_map": args.device_map,
+                "chat_template_sha256": _sha256(tokenizer.chat_template),
+                "spans": {
+                    "lead": "tokens before the system text (BOS, role header; in control also a template's default system message)",
+                    "system": "tokens of the system text, located in the rendered chat template through tokenizer offsets",
+                },
+                "share": "head-mean attention share of the span; share_excl_lead = share / (1 - lead share)",
+                "control": f"system text sent as user: system + {json.dumps(_joiner())} + user turn 1",
+                "versions": package_versions(),
+                "updated": utc_now(),
+            }
+        )
+        write_json_atomic(out / "manifest.json", manifest)
+    shard = out / "shards" / f"{dist.tag}.jsonl"
+    device = input_device(model)
+    budget = int(args.chunk_mib) << 20
+    progress = tqdm(todo, desc=f"attention {dist.tag}", unit="session", file=sys.stderr, disable=None)
+    with AttentionShareCapture(model, layers=layers, chunk_tokens=args.chunk_tokens, budget_bytes=budget, per_head=args.per_head) as capture:
+        for session, condition in progress:
+            turns, stop_reason = conversation_turns(session, replies, generations)
+            layout = fit_layout(tokenizer, session.system_prompt, turns, condition, max_tokens) if turns else None
+            if layout is None:
+                reason = stop_reason or "no turn"
+                if turns:
+                    reason = f"even turn 1 exceeds {max_tokens} tokens"
+                write_json_atomic(skip_path(out, session.system_id, condition), {"system_id": session.system_id, "condition": condition, "reason": reason})
+                log.warning("session %d (%s) skipped: %s", session.system_id, condition, reason)
+                continue
+            capture.prepare([layout.lead, layout.system])
+            started = time.perf_counter()
+            ids = torch.tensor([layout.token_ids], device=device)
+            results = capture.forward(ids)
+            seconds = time.perf_counter() - started
+            dropped = len(turns) - len(layout.turns)
+            meta = {
+                "system_id": session.system_id,
+                "condition": condition,
+                "model": args.model,
+                "replies": replies,
+                "n_tokens": layout.n_tokens,
+                "turns_measured": list(layout.turn_numbers),
+                "stopped": stop_reason,
+                "turns_dropped_for_length": dropped,
+                "layer_labels_by_index": by_index,
+                "seconds": round(seconds, 3),
+            }
+            arrays = session_arrays(layout, results, layers, meta, args.store_dtype)
+            save_npz_atomic(session_path(out, session.system_id, condition), arrays)
+            append_lines(shard, [turn_row_json(row) for row in turn_shares(arrays)])
+            progress.set_postfix(tokens=layout.n_tokens, s=f"{seconds:.1f}")
+
+
+def _joiner() -> str:
+    from sysbench_gpu.attn_segments import CONTROL_JOINER
+
+    return CONTROL_JOINER
+
+
+def _sha256(text: Any) -> str | None:
+    import hashlib
+
+    return hashlib.sha256(str(text).encode("utf-8")).hexdigest() if text else None
+
+
+def wait_for_ranks(out: Path, dist: Distributed, timeout: float) -> None:
+    if dist.world == 1:
+        return
+    deadline = time.monotonic() + timeout
+    pending = [r for r in range(dist.world) if not (out / "shards" / f"rank{r}-of-{dist.world}.done").exists()]
+    while pending and time.monotonic() < deadline:
+        time.sleep(2.0)
+        pending = [r for r in pending if not (out / "shards" / f"rank{r}-of-{dist.world}.done").exists()]
+    if pending:
+        log.warning("ranks %s did not finish within %.0f s; merging what exists", pending, timeout)
+
+
+def merge_turn_table(out: Path) -> list[Any]:
+    """Merge the per-rank shards into turn_shares.jsonl; sessions missing from shards are read from their .npz."""
+    from sysbench_gpu.attn_analysis import TurnShare, read_turn_table, turn_row_json, turn_shares
+
+    rows: dict[tuple[int, str, int, int], TurnShare] = {}
+    for shard in sorted((out / "shards").glob("*.jsonl")):
+        for row in read_turn_table(shard):
+            rows[row.key] = row
+    covered = {(key[0], key[1]) for key in rows}
+    for path in sorted((out / "sessions").glob("*.npz")):
+        system_id, condition = path.name.split(".")[:2]
+        if (int(system_id), condition) not in covered:
+            for row in turn_shares(load_session(path)):
+                rows[row.key] = row
+    ordered = [rows[key] for key in sorted(rows)]
+    table = out / "turn_shares.jsonl"
+    temp = table.with_name(table.name + ".tmp")
+    temp.write_text("".join(turn_row_json(row) + "\n" for row in ordered), encoding="utf-8")
+    os.replace(temp, table)
+    return ordered
+
+
+def finish(out: Path, run: Any, args: argparse.Namespace) -> None:
+    from sysbench_gpu.attn_analysis import compare_conditions, correlate_with_verdicts, summarize
+    from sysbench_gpu.runstore import write_json_atomic
+
+    rows = merge_turn_table(out)
+    judgments = run.judgments.read()
+    analysis = {
+        "n_turn_rows": len(rows),
+        "n_sessions": len({row.system_id for row in rows}),
+        "summary": summarize(rows),
+        "verdicts": correlate_with_verdicts(rows, judgments, n_boot=args.bootstrap),
+    }
+    if any(row.condition == "control" for row in rows):
+        analysis["system_vs_user"] = compare_conditions(rows, n_boot=args.bootstrap)
+    write_json_atomic(out / "analysis.json", analysis)
+    print_summary(out, analysis)
+    if not args.no_figures and rows:
+        draw_figures([out], out / "figures", names=None, session=args.figure_session)
+
+
+def print_summary(out: Path, analysis: dict[str, Any]) -> None:
+    print(f"{out}: {analysis['n_sessions']} sessions, {analysis['n_turn_rows']} turn rows")
+    for label, conditions in analysis["summary"].items():
+        for condition, values in conditions.items():
+            share = values.get("reply_share_excl_lead")
+            text = "n/a" if share is None else f"{share:.4f}"
+            print(f"  {label:>8} {condition:<8} mean reply share (lead excluded) {text}")
+    verdicts = analysis["verdicts"]
+    if verdicts.get("status") != "ok":
+        print(f"  verdicts: {verdicts.get('reason')}; correlation skipped")
+        return
+    for label, entry in verdicts["layers"].items():
+        stats = entry["turn_pass"]
+        r = stats["r_point_biserial"]
+        ci = stats["ci95"]
+        ci_text = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+        r_text = "n/a" if r is None else f"{r:.3f}"
+        print(f"  {label:>8} share vs turn pass: r = {r_text}{ci_text} over {stats['n']} turns")
+
+
+# ----------------------------------------------------------------- figures
+
+
+def read_manifest(out: Path) -> dict[str, Any]:
+    path = out / "manifest.json"
+    if not path.exists():
+        raise SysbenchError(f"{out}: not an attention output directory (no manifest.json)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def draw_figures(dirs: Sequence[Path], figure_dir: Path, names: Sequence[str] | None, session: int | None, layer_label: str | None = None) -> list[Path]:
+    from sysbench_gpu.attn_analysis import plot_token_shares, plot_turn_means, read_turn_table
+
+    tables = []
+    manifests = [read_manifest(d) for d in dirs]
+    for position, (directory, manifest) in enumerate(zip(dirs, manifests)):
+        name = names[position] if names else Path(str(manifest.get("model", directory))).name
+        rows = read_turn_table(directory / "turn_shares.jsonl")
+        if not rows:
+            rows = merge_turn_table(directory)
+        tables.append((name, rows))
+    labels = [layer_label] if layer_label else list(manifests[0].get("layer_labels", {}) or {"mid": None})
+    written: list[Path] = []
+    for label in labels:
+        try:
+            written += plot_turn_means(tables, label, figure_dir / f"turn_means_{label}")
+        except SysbenchError as error:
+            log.warning("%s", error)
+    # Per-token figure: one session of the first directory, both conditions when present.
+    first, manifest = dirs[0], manifests[0]
+    stored = sorted((first / "sessions").glob("*.npz"))
+    if stored:
+        wanted = session if session is not None else int(stored[0].name.split(".")[0])
+        series = []
+        for condition, label in (("system", "as system"), ("control", "as user")):
+            path = session_path(first, wanted, condition)
+            if path.exists():
+                series.append((label, load_session(path)))
+        if not series:
+            raise SysbenchError(f"{first}: session {wanted} was not measured")
+        for label in labels:
+            layer = manifest.get("layer_labels", {}).get(label)
+            if layer is None:
+                continue
+            written += plot_token_shares(
+                series, int(layer), figure_dir / f"token_shares_{wanted}_{label}",
+                title=f"{tables[0][0]}, session {wanted}, {label} layer ({layer})",
+            )
+    for path in written:
+        log.info("figure %s", path)
+    return written
+
+
+def cmd_attention_plot(args: argparse.Namespace) -> int:
+    dirs = [Path(d) for d in args.dirs]
+    names = [n.strip() for n in args.names.split(",")] if args.names else None
+    if names and len(names) != len(dirs):
+        raise SysbenchError(f"--names gives {len(names)} names for {len(dirs)} directories")
+    written = draw_figures(dirs, Path(args.out), names, args.session, layer_label=args.layer)
+    for path in written:
+        print(path)
+    return 0

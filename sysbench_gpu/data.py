@@ -129,8 +129,24 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+DEMO_NAME = "demo"
+
+
+def demo_data_path() -> Path:
+    """The packaged demo set: 5 English sessions in upstream's schema, written for this project."""
+    from importlib import resources
+
+    return Path(str(resources.files("sysbench_gpu").joinpath("demo", "demo_sessions.json")))
+
+
 def resolve_data_path(path: str | Path) -> Path:
-    """Accept a data file or a directory holding one (official name, ``sessions.json`` or a lone ``*.json``)."""
+    """Accept a data file or a directory holding one (official name, ``sessions.json`` or a lone ``*.json``).
+
+    The name ``demo`` (when no such file or folder exists) is the small English demo set
+    packaged with sysbench-gpu.
+    """
+    if str(path) == DEMO_NAME and not Path(path).exists():
+        return demo_data_path()
     path = Path(path)
     if path.is_dir():
         for name in (OFFICIAL_FILENAME, "sessions.json"):

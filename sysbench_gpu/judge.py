@@ -1,16 +1,913 @@
-"""Placeholder: filled in by its issue."""
+"""The judge stage: verify every generated turn against its checklist.
+
+``sysbench-gpu judge RUN_DIR --judge {openai,vllm,hf} --judge-model NAME`` fills
+``judgments.jsonl`` for every generated turn that has no judgment yet, and
+``sysbench-gpu judge agreement RUN_A RUN_B`` compares two runs' verdicts (see
+``agreement.py``). docs/judge.md describes the prompt, parsing and retry rules.
+
+Guarantees:
+
+- Session metadata (system prompt, checklist, types) comes from the run's own
+  ``sessions.json``; the history shown to the judge is the run's own earlier turns
+  (the model's replies, or the references when the run was generated with
+  reference history).
+- Every generated turn ends with exactly one record: ``ok`` verdicts, ``unparsed``
+  (every attempt failed; the last reply and the failure reasons are kept) or
+  ``skipped`` (the turn has no response, so it is never judged as a pass).
+- Replies are parsed without eval (``judge_parse``). Attempt ``i`` of ``n`` runs at
+  temperature 0 while ``i < n / 2`` and at 0.5 after (upstream's schedule).
+- Records are appended as they complete, replies are cached by content
+  (``judge_cache``), so an interrupted run resumes without asking twice.
+- An API error that survives the engine's bounded retries stops the run cleanly:
+  finished judgments stay, and the error names the session and turn.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import math
+import shutil
+import sys
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
 
+from sysbench_gpu.data import Constraint, Session
+from sysbench_gpu.engines.base import ChatMessage, Completion, SamplingSpec
 from sysbench_gpu.errors import SysbenchError
+from sysbench_gpu.judge_cache import CACHE_DIRNAME, CachedReply, JudgeCache, cache_key
+from sysbench_gpu.judge_parse import parse_reply
+from sysbench_gpu.judge_prompt import HistoryMessage, JudgeTemplate, load_template, render_prompt, verdict_schema
+from sysbench_gpu.runstore import (
+    GENERATIONS,
+    MANIFEST,
+    SESSIONS,
+    GenerationRecord,
+    JudgmentRecord,
+    RunDir,
+    utc_now,
+    write_json_atomic,
+)
+
+log = logging.getLogger(__name__)
+
+JUDGE_BACKENDS = ("openai", "vllm", "hf")
+LEDGER = "judge_ledger.json"
+DEFAULT_MAX_RETRIES = 10
+DEFAULT_MAX_TOKENS = 1024
+RETRY_TEMPERATURES = (0.0, 0.5)  # first half of the attempts, second half
+
+# USD per million tokens (input, output), list prices as published by OpenAI in 2024-25.
+# Estimates only: check your provider. Longest matching prefix wins (gpt-4o-mini before gpt-4o).
+PRICES_PER_MTOK: dict[str, tuple[float, float]] = {
+    "gpt-4o-mini": (0.15, 0.60),
+    "gpt-4o": (2.50, 10.00),
+    "gpt-4-turbo": (10.00, 30.00),
+    "gpt-4.1-mini": (0.40, 1.60),
+    "gpt-4.1": (2.00, 8.00),
+    "gpt-3.5-turbo": (0.50, 1.50),
+}
+
+
+# ----------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True)
+class JudgeTask:
+    """One (session, turn) to judge, with its rendered prompt."""
+
+    system_id: int
+    turn: int
+    prompt: str
+    constraints: tuple[Constraint, ...]
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.system_id, self.turn)
+
+    @property
+    def label(self) -> str:
+        return f"session {self.system_id}, turn {self.turn}"
+
+    @property
+    def numbers(self) -> tuple[int, ...]:
+        return tuple(c.id for c in self.constraints)
+
+    def messages(self) -> list[ChatMessage]:
+        return [{"role": "user", "content": self.prompt}]
+
+
+@dataclass
+class JudgePlan:
+    tasks: list[JudgeTask]
+    skipped: list[JudgmentRecord]  # turns without a response, recorded as such
+    already_judged: int
+    not_generated: int  # turns of the chosen sessions with no generation record yet
+
+
+def build_history(
+    session: Session, turn_index: int, generations: dict[tuple[int, int], GenerationRecord], mode: str
+) -> list[HistoryMessage]:
+    """The earlier rounds as the model saw them: its own replies, or references in ``reference`` mode."""
+    history: list[HistoryMessage] = []
+    for earlier in session.turns[: turn_index - 1]:
+        history.append(HistoryMessage("user", earlier.user))
+        record = generations.get((session.system_id, earlier.index))
+        generated = record.response if record is not None else None
+        if mode == "reference" and earlier.reference is not None:
+            reply = earlier.reference
+        else:
+            # Model history, or a reference the data lacks: what the model itself said.
+            reply = generated if generated is not None else ""
+        history.append(HistoryMessage("assistant", reply))
+    return history
+
+
+def plan_judging(
+    sessions: Sequence[Session],
+    generations: dict[tuple[int, int], GenerationRecord],
+    judged: set[tuple[int, int]],
+    template: JudgeTemplate,
+    limit: int | None = None,
+    judge_model: str | None = None,
+    imported_history: str = "model",
+    system_ids: Sequence[int] | None = None,
+) -> JudgePlan:
+    """Tasks for the first ``limit`` sessions; ``imported_history`` is the history mode of imported turns."""
+    chosen = select_sessions(sessions, system_ids, limit)
+    tasks: list[JudgeTask] = []
+    skipped: list[JudgmentRecord] = []
+    already = not_generated = 0
+    for session in chosen:
+        for turn in session.turns:
+            key = (session.system_id, turn.index)
+            if key in judged:
+                already += 1
+                continue
+            record = generations.get(key)
+            if record is None:
+                not_generated += 1
+                continue
+            if record.response is None or record.status != "ok":
+                skipped.append(
+                    JudgmentRecord(
+                        system_id=session.system_id,
+                        turn=turn.index,
+                        verdicts={},
+                        parse_status="skipped",
+                        judge_model=judge_model,
+                        template_hash=template.sha256,
+                        attempts=0,
+                        extra={"reason": f"generation status {record.status!r}, overflow {record.overflow!r}"},
+                    )
+                )
+                continue
+            mode = imported_history if record.history == "upstream" else record.history
+            history = build_history(session, turn.index, generations, mode)
+            prompt = render_prompt(template, session, turn.index, history, record.response)
+            tasks.append(JudgeTask(session.system_id, turn.index, prompt, turn.constraints))
+    return JudgePlan(tasks=tasks, skipped=skipped, already_judged=already, not_generated=not_generated)
+
+
+def select_sessions(sessions: Sequence[Session], system_ids: Sequence[int] | None, limit: int | None) -> list[Session]:
+    """Sessions in file order, restricted to ``system_ids``, then to the first ``limit``."""
+    chosen = list(sessions)
+    if system_ids is not None:
+        wanted = set(system_ids)
+        unknown = sorted(wanted - {s.system_id for s in chosen})
+        if unknown:
+            raise SysbenchError(f"sessions.json of this run has no session {', '.join(map(str, unknown))}")
+        chosen = [s for s in chosen if s.system_id in wanted]
+    return chosen[:limit] if limit is not None else chosen
+
+
+def imported_history_mode(run: RunDir) -> str:
+    """How an imported run's model saw earlier turns (``import-upstream`` records it per run)."""
+    section = run.read_manifest().get("stages", {}).get("import", {})
+    mode = section.get("history")
+    return mode if mode in ("model", "reference") else "model"
+
+
+def temperature_for(attempt: int, max_retries: int) -> float:
+    """Upstream's schedule: attempts (0-based) in the first half at 0, the rest at 0.5."""
+    return RETRY_TEMPERATURES[0] if attempt < max_retries / 2 else RETRY_TEMPERATURES[1]
+
+
+# ----------------------------------------------------------------------------- ledger
+
+
+def price_for(model: str) -> tuple[float, float] | None:
+    name = model.lower().rsplit("/", 1)[-1]
+    best = None
+    for prefix in PRICES_PER_MTOK:
+        if name.startswith(prefix) and (best is None or len(prefix) > len(best)):
+            best = prefix
+    return PRICES_PER_MTOK[best] if best else None
+
+
+def estimate_cost(model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
+    price = price_for(model)
+    if price is None:
+        return None
+    return round((prompt_tokens * price[0] + completion_tokens * price[1]) / 1e6, 6)
+
+
+def estimate_tokens(text: str) -> int:
+    """Rough token count without a tokenizer: one per CJK character, one per four others."""
+    wide = sum(1 for ch in text if ord(ch) > 0x2E80)
+    return wide + math.ceil((len(text) - wide) / 4)
+
+
+@dataclass
+class JudgeLedger:
+    """Requests sent and tokens spent by the judge of one run (cumulative across resumes)."""
+
+    path: Path
+    model: str
+    requests: int = 0
+    cache_hits: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @classmethod
+    def load(cls, path: Path, model: str) -> "JudgeLedger":
+        ledger = cls(path=path, model=model)
+        if path.is_file():
+            try:
+                obj = json.loads(path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as error:
+                raise SysbenchError(f"{path}: not valid JSON ({error.msg})") from None
+            entry = obj.get("models", {}).get(model, {})
+            ledger.requests = int(entry.get("requests", 0))
+            ledger.cache_hits = int(entry.get("cache_hits", 0))
+            ledger.prompt_tokens = int(entry.get("prompt_tokens", 0))
+            ledger.completion_tokens = int(entry.get("completion_tokens", 0))
+        return ledger
+
+    def add(self, completion: Completion | CachedReply, from_cache: bool) -> None:
+        if from_cache:
+            self.cache_hits += 1
+            return
+        self.requests += 1
+        self.prompt_tokens += completion.prompt_tokens or 0
+        self.completion_tokens += getattr(completion, "output_tokens", None) or 0
+
+    def summary(self) -> dict[str, Any]:
+        price = price_for(self.model)
+        return {
+            "requests": self.requests,
+            "cache_hits": self.cache_hits,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "price_usd_per_mtok": {"input": price[0], "output": price[1]} if price else None,
+            "estimated_cost_usd": estimate_cost(self.model, self.prompt_tokens, self.completion_tokens),
+        }
+
+    def save(self) -> None:
+        obj: dict[str, Any] = {}
+        if self.path.is_file():
+            try:
+                obj = json.loads(self.path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError:
+                obj = {}
+        obj.setdefault("models", {})[self.model] = self.summary()
+        obj["updated"] = utc_now()
+        obj["note"] = "estimated_cost_usd uses list prices from sysbench_gpu.judge.PRICES_PER_MTOK; null = unknown model"
+        write_json_atomic(self.path, obj)
+
+
+# ----------------------------------------------------------------------------- judging
+
+
+@dataclass
+class JudgeSettings:
+    backend: str  # openai | vllm | hf
+    model: str
+    template: JudgeTemplate
+    max_retries: int = DEFAULT_MAX_RETRIES
+    max_tokens: int | None = DEFAULT_MAX_TOKENS
+    seed: int | None = None
+    max_reasoning_chars: int | None = 2000  # guided decoding only
+    cache_dir: Path | None = None  # None: no cache
+    concurrency: int = 8
+
+    def sampling(self, attempt: int, numbers: Sequence[int] | None = None) -> SamplingSpec:
+        schema = None
+        if self.backend == "vllm" and numbers is not None:
+            schema = verdict_schema(numbers, self.template.language, self.max_reasoning_chars)
+        return SamplingSpec(
+            max_tokens=self.max_tokens,
+            temperature=temperature_for(attempt, self.max_retries),
+            seed=self.seed,
+            json_schema=schema,
+        )
+
+
+@dataclass
+class _TaskState:
+    """What the attempts of one task have produced so far."""
+
+    task: JudgeTask
+    attempts: int = 0
+    failures: list[str] = field(default_factory=list)
+    last_reply: str | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_replies: int = 0
+    record: JudgmentRecord | None = None
+
+    def take(self, reply: Completion | CachedReply, from_cache: bool, settings: JudgeSettings) -> bool:
+        """Parse one reply; True when the task is done (a record was made)."""
+        self.attempts += 1
+        self.last_reply = reply.text
+        self.prompt_tokens += reply.prompt_tokens or 0
+        self.output_tokens += reply.output_tokens or 0
+        self.cached_replies += int(from_cache)
+        parsed = parse_reply(reply.text, self.task.constraints)
+        if parsed.ok:
+            self.record = self._record(settings, "ok", parsed.verdicts, parsed.reasoning, repaired=parsed.repaired)
+            return True
+        reason = parsed.error or "unparsable"
+        if reply.finish_reason == "length":
+            reason += " (reply cut at max_tokens)"
+        self.failures.append(f"attempt {self.attempts}: {reason}")
+        if self.attempts >= settings.max_retries:
+            self.record = self._record(settings, "unparsed", {}, None)
+            return True
+        return False
+
+    def give_up(self, settings: JudgeSettings, reason: str) -> None:
+        self.failures.append(reason)
+        self.record = self._record(settings, "unparsed", {}, None)
+
+    def _record(self, settings: JudgeSettings, status: str, verdicts: dict, reasoning: str | None, repaired: bool = False) -> JudgmentRecord:
+        extra: dict[str, Any] = {
+            "judge": settings.backend,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+        }
+        if self.failures:
+            extra["failures"] = list(self.failures)
+        if self.cached_replies:
+            extra["cached_replies"] = self.cached_replies
+        if repaired:
+            extra["repaired_json"] = True
+        return JudgmentRecord(
+            system_id=self.task.system_id,
+            turn=self.task.turn,
+            verdicts=verdicts,
+            parse_status=status,
+            reasoning=reasoning,
+            judge_model=settings.model,
+            template_hash=settings.template.sha256,
+            raw_reply=self.last_reply,
+            attempts=self.attempts,
+            extra=extra,
+        )
+
+
+@dataclass
+class JudgeSummary:
+    judged: int = 0
+    unparsed: int = 0
+    skipped: int = 0
+    already_judged: int = 0
+    not_generated: int = 0
+    requests: int = 0
+    cache_hits: int = 0
+    api_errors: list[str] = field(default_factory=list)
+
+
+class _Recorder:
+    """Appends finished records, keeps counts and the ledger (main thread only)."""
+
+    def __init__(self, run: RunDir, ledger: JudgeLedger, summary: JudgeSummary) -> None:
+        self.run = run
+        self.ledger = ledger
+        self.summary = summary
+        self.known = run.judgments.keys()
+
+    def write(self, records: Iterable[JudgmentRecord]) -> None:
+        records = list(records)
+        if not records:
+            return
+        self.run.judgments.append(records, existing=self.known)
+        for record in records:
+            if record.parse_status == "ok":
+                self.summary.judged += 1
+            elif record.parse_status == "unparsed":
+                self.summary.unparsed += 1
+            elif record.parse_status == "skipped":
+                self.summary.skipped += 1
+        self.ledger.save()
+
+
+def _cache_lookup(cache: JudgeCache | None, settings: JudgeSettings, task: JudgeTask, sampling: SamplingSpec, attempt: int) -> tuple[str | None, CachedReply | None]:
+    if cache is None:
+        return None, None
+    key = cache_key(
+        settings.backend,
+        settings.model,
+        settings.template.sha256,
+        task.prompt,
+        {**sampling.explicit(), "attempt": attempt},
+    )
+    return key, cache.get(key)
+
+
+def _to_cached(completion: Completion) -> CachedReply:
+    return CachedReply(
+        text=completion.text,
+        prompt_tokens=completion.prompt_tokens,
+        output_tokens=completion.output_tokens,
+        finish_reason=completion.finish_reason,
+    )
+
+
+def judge_tasks_api(
+    tasks: Sequence[JudgeTask],
+    engine: Any,
+    settings: JudgeSettings,
+    cache: JudgeCache | None,
+    recorder: _Recorder,
+    progress: Any = None,
+) -> None:
+    """One task per worker thread (bounded), each running its own attempt loop via ``chat_one``."""
+
+    def run_one(task: JudgeTask) -> tuple[_TaskState, list[tuple[CachedReply, bool]], SysbenchError | None]:
+        state = _TaskState(task)
+        usage: list[tuple[CachedReply, bool]] = []
+        try:
+            _attempts(task, state, usage)
+        except SysbenchError as error:
+            return state, usage, error
+        return state, usage, None
+
+    def _attempts(task: JudgeTask, state: _TaskState, usage: list[tuple[CachedReply, bool]]) -> None:
+        while state.record is None:
+            attempt = state.attempts
+            sampling = settings.sampling(attempt, task.numbers)
+            key, cached = _cache_lookup(cache, settings, task, sampling, attempt)
+            if cached is None:
+                completion = engine.chat_one(task.messages(), sampling, request_id=task.label)
+                cached = _to_cached(completion)
+                if cache is not None and key is not None:
+                    cache.put(key, cached)
+                usage.append((cached, False))
+                state.take(cached, False, settings)
+            else:
+                usage.append((cached, True))
+                state.take(cached, True, settings)
+
+    queue = list(tasks)
+    running: dict[Future, JudgeTask] = {}
+    failed = False
+    with ThreadPoolExecutor(max_workers=max(1, settings.concurrency), thread_name_prefix="judge") as pool:
+        while queue or running:
+            while queue and not failed and len(running) < settings.concurrency:
+                task = queue.pop(0)
+                running[pool.submit(run_one, task)] = task
+            if not running:
+                break
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                task = running.pop(future)
+                state, usage, error = future.result()
+                for reply, from_cache in usage:
+                    recorder.ledger.add(reply, from_cache)
+                if error is not None:
+                    # Bounded retries are spent: start nothing new, let running tasks finish.
+                    # The turn gets no record, so a rerun asks again (earlier replies come from the cache).
+                    recorder.summary.api_errors.append(f"{task.label}: {error}")
+                    failed = True
+                    recorder.ledger.save()
+                    continue
+                recorder.write([state.record])
+                if progress is not None:
+                    progress.update(1)
+            if failed:
+                queue.clear()
+
+
+def judge_tasks_batched(
+    tasks: Sequence[JudgeTask],
+    engine: Any,
+    settings: JudgeSettings,
+    cache: JudgeCache | None,
+    recorder: _Recorder,
+    progress: Any = None,
+) -> None:
+    """Local judges: every pending prompt in one ``engine.chat`` per round (per schema on vllm)."""
+    states = [_TaskState(task) for task in tasks]
+    pending = _drop_overlong(states, engine, settings, recorder, progress)
+    for attempt in range(settings.max_retries):
+        if not pending:
+            break
+        replies: dict[int, tuple[CachedReply, bool]] = {}
+        to_ask: dict[tuple[int, ...] | None, list[tuple[int, str | None]]] = {}
+        for index, state in enumerate(pending):
+            sampling = settings.sampling(attempt, state.task.numbers)
+            key, cached = _cache_lookup(cache, settings, state.task, sampling, attempt)
+            if cached is not None:
+                replies[index] = (cached, True)
+            else:
+                # Guided decoding needs one schema per call: group by checklist numbers.
+                group = state.task.numbers if sampling.json_schema is not None else None
+                to_ask.setdefault(group, []).append((index, key))
+        for group, members in to_ask.items():
+            sampling = settings.sampling(attempt, group)
+            log.info("judge round %d: %d prompt(s) at temperature %s", attempt + 1, len(members), sampling.temperature)
+            completions = engine.chat([pending[i].task.messages() for i, _ in members], sampling)
+            if len(completions) != len(members):
+                raise SysbenchError(f"{settings.backend} engine returned {len(completions)} replies for {len(members)} prompts")
+            for (index, key), completion in zip(members, completions):
+                reply = _to_cached(completion)
+                if cache is not None and key is not None:
+                    cache.put(key, reply)
+                replies[index] = (reply, False)
+        still: list[_TaskState] = []
+        finished: list[JudgmentRecord] = []
+        for index, state in enumerate(pending):
+            reply, from_cache = replies[index]
+            recorder.ledger.add(reply, from_cache)
+            if state.take(reply, from_cache, settings):
+                finished.append(state.record)
+            else:
+                still.append(state)
+        recorder.write(finished)
+        if progress is not None:
+            progress.update(len(finished))
+        pending = still
+
+
+def _drop_overlong(states: list[_TaskState], engine: Any, settings: JudgeSettings, recorder: _Recorder, progress: Any) -> list[_TaskState]:
+    """Prompts that cannot fit the local judge's context are recorded unparsed, not truncated."""
+    context = engine.context_length()
+    if not context:
+        return states
+    room = settings.max_tokens or 0
+    keep: list[_TaskState] = []
+    too_long: list[JudgmentRecord] = []
+    for state in states:
+        tokens = engine.count_prompt_tokens(state.task.messages())
+        if tokens is not None and tokens + room > context:
+            state.give_up(settings, f"judge prompt of {tokens} tokens + max_tokens {room} exceeds the context of {context}")
+            too_long.append(state.record)
+        else:
+            keep.append(state)
+    recorder.write(too_long)
+    if progress is not None and too_long:
+        progress.update(len(too_long))
+    return keep
+
+
+def _check_consistent(existing: dict, settings: JudgeSettings, run: RunDir) -> None:
+    """Refuse to mix judges or templates inside one run's judgments."""
+    for record in existing.values():
+        if record.parse_status in ("imported", "skipped") or record.judge_model is None:
+            continue
+        if record.judge_model != settings.model or (record.template_hash and record.template_hash != settings.template.sha256):
+            raise SysbenchError(
+                f"{run.judgments.path}: session {record.system_id}, turn {record.turn} was judged by "
+                f"{record.judge_model!r} with template {str(record.template_hash)[:12]}; this run asks "
+                f"{settings.model!r} with template {settings.template.sha256[:12]}. "
+                "Use --rejudge --out NEW_RUN_DIR to judge with another judge."
+            )
+
+
+def judge_run(
+    run: RunDir,
+    settings: JudgeSettings,
+    engine_factory: Callable[[], Any],
+    limit: int | None = None,
+    show_progress: bool = True,
+    system_ids: Sequence[int] | None = None,
+) -> JudgeSummary:
+    """Judge every pending turn of ``run``; the engine is built only when there is work."""
+    run.require()
+    sessions = run.load_sessions()
+    generations = run.generations.read()
+    existing = run.judgments.read()
+    _check_consistent(existing, settings, run)
+    plan = plan_judging(
+        sessions, generations, set(existing), settings.template, limit, settings.model, imported_history_mode(run), system_ids
+    )
+    summary = JudgeSummary(already_judged=plan.already_judged, not_generated=plan.not_generated)
+    ledger = JudgeLedger.load(run.path / LEDGER, settings.model)
+    recorder = _Recorder(run, ledger, summary)
+    recorder.write(plan.skipped)
+    started = utc_now()
+    cache = JudgeCache(settings.cache_dir) if settings.cache_dir is not None else None
+    requests_before, hits_before = ledger.requests, ledger.cache_hits
+    engine_info: dict[str, Any] = {}
+    if plan.tasks:
+        engine = engine_factory()
+        try:
+            from tqdm import tqdm
+
+            with tqdm(total=len(plan.tasks), desc="judge", unit="turn", file=sys.stderr, disable=not show_progress) as bar:
+                if settings.backend == "openai":
+                    judge_tasks_api(plan.tasks, engine, settings, cache, recorder, bar)
+                else:
+                    judge_tasks_batched(plan.tasks, engine, settings, cache, recorder, bar)
+            engine_info = engine.describe()
+        finally:
+            engine.close()
+    summary.requests = ledger.requests - requests_before
+    summary.cache_hits = ledger.cache_hits - hits_before
+    ledger.save()
+    _write_manifest(run, settings, summary, engine_info, started, limit, system_ids)
+    if summary.api_errors:
+        first = summary.api_errors[0]
+        raise SysbenchError(
+            f"{run.path}: judging stopped after an API error that outlived its retries ({first}); "
+            f"{summary.judged + summary.unparsed} turn(s) finished in this call are saved; rerun the same command to resume"
+        )
+    return summary
+
+
+def _write_manifest(
+    run: RunDir,
+    settings: JudgeSettings,
+    summary: JudgeSummary,
+    engine_info: dict,
+    started: str,
+    limit: int | None,
+    system_ids: Sequence[int] | None,
+) -> None:
+    judgments = run.judgments.read()
+    statuses: dict[str, int] = {}
+    for record in judgments.values():
+        statuses[record.parse_status] = statuses.get(record.parse_status, 0) + 1
+    fields: dict[str, Any] = {
+        "backend": settings.backend,
+        "judge_model": settings.model,
+        "template": {
+            "name": settings.template.name,
+            "language": settings.template.language,
+            "sha256": settings.template.sha256,
+        },
+        "max_retries": settings.max_retries,
+        "temperature_schedule": f"attempt i of n at {RETRY_TEMPERATURES[0]} while i < n/2, else {RETRY_TEMPERATURES[1]}",
+        "max_tokens": settings.max_tokens,
+        "seed": settings.seed,
+        "guided_decoding": settings.backend == "vllm",
+        "max_reasoning_chars": settings.max_reasoning_chars if settings.backend == "vllm" else None,
+        "cache_dir": str(settings.cache_dir) if settings.cache_dir is not None else None,
+        "limit_sessions": limit,
+        "system_ids": list(system_ids) if system_ids is not None else None,
+        "last_call": {"started": started, "finished": utc_now(), **asdict(summary)},
+        "judgments_by_status": statuses,
+        "ledger": JudgeLedger.load(run.path / LEDGER, settings.model).summary(),
+    }
+    if engine_info:
+        fields["engine"] = engine_info
+    run.update_manifest(stage="judge", **fields)
+
+
+# ----------------------------------------------------------------------------- dry run
+
+
+def dry_run_report(
+    run: RunDir, settings: JudgeSettings, limit: int | None, fresh: bool = False, system_ids: Sequence[int] | None = None
+) -> dict[str, Any]:
+    """What judging would send, without building an engine or sending anything.
+
+    ``fresh``: as for a ``--rejudge`` copy, which starts with no judgments.
+    """
+    run.require()
+    sessions = run.load_sessions()
+    generations = run.generations.read()
+    existing = {} if fresh else run.judgments.read()
+    plan = plan_judging(
+        sessions, generations, set(existing), settings.template, limit, settings.model, imported_history_mode(run), system_ids
+    )
+    cache = JudgeCache(settings.cache_dir) if settings.cache_dir is not None else None
+    to_send = [t for t in plan.tasks if _cache_lookup(cache, settings, t, settings.sampling(0, t.numbers), 0)[1] is None]
+    prompt_tokens = sum(estimate_tokens(t.prompt) for t in to_send)
+    # A reply: some reasoning per item plus the verdict map; a rough guess, said as such.
+    completion_tokens = sum(80 + 60 * len(t.constraints) for t in to_send)
+    return {
+        "run": str(run.path),
+        "judge": settings.backend,
+        "judge_model": settings.model,
+        "template_sha256": settings.template.sha256,
+        "turns_to_judge": len(plan.tasks),
+        "answered_from_cache": len(plan.tasks) - len(to_send),
+        "requests": len(to_send),
+        "turns_skipped_no_response": len(plan.skipped),
+        "turns_already_judged": plan.already_judged,
+        "turns_not_generated": plan.not_generated,
+        "estimated_prompt_tokens": prompt_tokens,
+        "estimated_completion_tokens": completion_tokens,
+        "estimated_cost_usd": estimate_cost(settings.model, prompt_tokens, completion_tokens)
+        if settings.backend == "openai"
+        else 0.0,
+        "note": f"first attempts only; each parse failure adds a request (up to {settings.max_retries} per turn)",
+    }
+
+
+# ----------------------------------------------------------------------------- rejudge
+
+
+def prepare_rejudge(source: RunDir, out: Path, limit: int | None, system_ids: Sequence[int] | None = None) -> RunDir:
+    """Copy a run's sessions and generations (``system_ids``, then the first ``limit``) into a new run dir.
+
+    Calling it again on the same ``out`` checks that the copy still matches and
+    resumes; an ``out`` holding other generations is an error.
+    """
+    source.require()
+    sessions = source.load_sessions()
+    chosen = select_sessions(sessions, system_ids, limit)
+    ids = {s.system_id for s in chosen}
+    generations = [r for r in source.generations.read().values() if r.system_id in ids]
+    if not generations:
+        raise SysbenchError(f"{source.path / GENERATIONS}: no generations to re-judge")
+    target = RunDir(out)
+    if (target.path / MANIFEST).is_file():
+        have = target.generations.read()
+        want = {r.key: r for r in generations}
+        if set(have) != set(want) or any(have[k].response != want[k].response for k in want):
+            raise SysbenchError(
+                f"{target.path}: already a run directory with other generations than {source.path}; choose a new --out"
+            )
+        return target
+    if target.path.exists() and any(target.path.iterdir()):
+        raise SysbenchError(f"{target.path}: exists and is not empty; choose a new --out")
+    target.path.mkdir(parents=True, exist_ok=True)
+    if limit is None and system_ids is None:
+        shutil.copyfile(source.sessions_path, target.sessions_path)
+    else:
+        from sysbench_gpu.runstore import session_to_upstream
+
+        write_json_atomic(target.sessions_path, [session_to_upstream(s) for s in chosen])
+    target.generations.append(sorted(generations, key=lambda r: r.key), existing=set())
+    src_manifest = source.read_manifest()
+    target.update_manifest(
+        rejudged_from={
+            "path": str(source.path.resolve()),
+            "sessions": len(chosen),
+            "turns": len(generations),
+            "created": src_manifest.get("created"),
+        },
+        **{k: src_manifest[k] for k in ("dataset",) if k in src_manifest},
+    )
+    stages = {k: v for k, v in src_manifest.get("stages", {}).items() if k != "judge"}
+    for stage, section in stages.items():
+        target.update_manifest(stage=stage, **section)
+    return target
+
+
+# ----------------------------------------------------------------------------- CLI
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("judge", help="judge generated turns against their checklists (issue 4)")
-    parser.set_defaults(func=_not_ready)
+    parser = subparsers.add_parser(
+        "judge",
+        help="judge generated turns against their checklists; `judge agreement A B` compares two runs",
+        description=(
+            "sysbench-gpu judge RUN_DIR --judge {openai,vllm,hf} --judge-model NAME [...]\n"
+            "sysbench-gpu judge agreement RUN_A RUN_B [--json]"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("run_dir", help="the run directory (or the word 'agreement')")
+    parser.add_argument("more_runs", nargs="*", metavar="RUN", help="with 'agreement': the two runs to compare")
+    parser.add_argument("--judge", choices=JUDGE_BACKENDS, help="judge backend")
+    parser.add_argument("--judge-model", help="judge model name (openai) or path/alias (vllm, hf; e.g. smollm2)")
+    parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL or OpenAI)")
+    parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
+    parser.add_argument("--concurrency", type=int, default=8, help="parallel API requests (openai)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per API request (openai)")
+    parser.add_argument("--api-retries", type=int, default=6, help="retries of one API request on 429/5xx/timeouts")
+    parser.add_argument("--template", default="zh", help="zh, en, or a template FILE (see docs/judge.md)")
+    parser.add_argument("--template-lang", choices=("zh", "en"), help="language of a template FILE (default zh)")
+    parser.add_argument("--max-retries", type=int, default=DEFAULT_MAX_RETRIES, help="attempts per turn until it is recorded unparsed")
+    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="judge reply token limit")
+    parser.add_argument("--max-reasoning-chars", type=int, default=2000, help="vllm: cap on the reasoning string under guided decoding")
+    parser.add_argument("--seed", type=int, help="sampling seed (where the backend honours one)")
+    parser.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra engine constructor option for vllm/hf (VALUE read as JSON when it parses)")
+    parser.add_argument("--dry-run", action="store_true", help="print requests, tokens and cost; send nothing")
+    parser.add_argument("--no-cache", action="store_true", help="bypass the reply cache")
+    parser.add_argument("--cache-dir", help=f"reply cache folder (default RUN_DIR/{CACHE_DIRNAME})")
+    parser.add_argument("--rejudge", action="store_true", help="copy RUN_DIR's sessions and generations to --out and judge there")
+    parser.add_argument("--out", help="with --rejudge: the new run directory")
+    parser.add_argument("--limit", type=int, help="only the first N sessions")
+    parser.add_argument("--sessions", help="only these system ids (comma-separated), before --limit")
+    parser.add_argument("--json", action="store_true", help="machine-readable output (agreement, dry run)")
+    parser.set_defaults(func=main)
 
 
-def _not_ready(args: argparse.Namespace) -> int:
-    raise SysbenchError("'judge' is not implemented yet")
+def _parse_ids(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise SysbenchError(f"--sessions {text!r}: expected comma-separated integers") from None
+
+
+def _engine_options(pairs: Sequence[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise SysbenchError(f"--engine-option {pair!r}: expected KEY=VALUE")
+        key, value = pair.split("=", 1)
+        try:
+            options[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key.strip()] = value
+    return options
+
+
+def make_engine_factory(args: argparse.Namespace, settings: JudgeSettings) -> Callable[[], Any]:
+    from sysbench_gpu.engines import get_engine
+
+    options = _engine_options(args.engine_option)
+    if settings.backend == "openai":
+        if options:
+            raise SysbenchError("--engine-option applies to vllm and hf judges")
+        return lambda: get_engine(
+            "openai",
+            model=settings.model,
+            base_url=args.base_url,
+            api_key_env=args.api_key_env,
+            concurrency=args.concurrency,
+            max_retries=args.api_retries,
+            timeout=args.timeout,
+        )
+    if args.seed is not None:
+        options.setdefault("seed", args.seed)
+    return lambda: get_engine(settings.backend, model=settings.model, **options)
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.run_dir == "agreement":
+        from sysbench_gpu.agreement import agreement_main
+
+        if len(args.more_runs) != 2:
+            raise SysbenchError("usage: sysbench-gpu judge agreement RUN_A RUN_B [--json]")
+        return agreement_main(Path(args.more_runs[0]), Path(args.more_runs[1]), args.json)
+    if args.more_runs:
+        raise SysbenchError(f"judge takes one RUN_DIR, got extra {' '.join(args.more_runs)!r}")
+    if not args.judge or not args.judge_model:
+        raise SysbenchError("judge needs --judge {openai,vllm,hf} and --judge-model NAME")
+    if args.max_retries < 1:
+        raise SysbenchError(f"--max-retries must be at least 1, got {args.max_retries}")
+    if args.limit is not None and args.limit < 1:
+        raise SysbenchError(f"--limit must be at least 1, got {args.limit}")
+    if args.concurrency < 1:
+        raise SysbenchError(f"--concurrency must be at least 1, got {args.concurrency}")
+    system_ids = _parse_ids(args.sessions) if args.sessions else None
+    template = load_template(args.template, args.template_lang)
+    source = RunDir(args.run_dir)
+    if args.rejudge:
+        if not args.out:
+            raise SysbenchError("--rejudge needs --out NEW_RUN_DIR")
+        if args.dry_run:
+            source.require()
+        run = prepare_rejudge(source, Path(args.out), args.limit, system_ids) if not args.dry_run else source
+    else:
+        if args.out:
+            raise SysbenchError("--out applies only with --rejudge")
+        run = source
+    home = Path(args.out) if args.rejudge else run.path
+    cache_dir = None if args.no_cache else Path(args.cache_dir) if args.cache_dir else home / CACHE_DIRNAME
+    settings = JudgeSettings(
+        backend=args.judge,
+        model=args.judge_model,
+        template=template,
+        max_retries=args.max_retries,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        max_reasoning_chars=args.max_reasoning_chars,
+        cache_dir=cache_dir,
+        concurrency=args.concurrency,
+    )
+    if args.dry_run:
+        report = dry_run_report(run, settings, args.limit, fresh=args.rejudge, system_ids=system_ids)
+        if args.json:
+            print(json.dumps(report, ensure_ascii=False, indent=2))
+        else:
+            cost = report["estimated_cost_usd"]
+            print(f"dry run: {run.path} with {settings.backend} {settings.model} (template {template.sha256[:12]})")
+            print(f"  turns to judge      {report['turns_to_judge']} ({report['answered_from_cache']} from cache)")
+            print(f"  requests            {report['requests']}  ({report['note']})")
+            print(f"  est. prompt tokens  {report['estimated_prompt_tokens']}")
+            print(f"  est. output tokens  {report['estimated_completion_tokens']}")
+            print(f"  est. cost (USD)     {'unknown for this model' if cost is None else f'{cost:.4f}'}")
+            print(f"  skipped (no reply)  {report['turns_skipped_no_response']}; already judged {report['turns_already_judged']}; "
+                  f"not generated {report['turns_not_generated']}")
+        return 0
+    # A rejudge copy holds only the chosen sessions.
+    limit = None if args.rejudge else args.limit
+    chosen_ids = None if args.rejudge else system_ids
+    summary = judge_run(run, settings, make_engine_factory(args, settings), limit=limit, system_ids=chosen_ids)
+    print(
+        f"{run.path}: judged {summary.judged}, unparsed {summary.unparsed}, skipped {summary.skipped}, "
+        f"already judged {summary.already_judged}, not generated {summary.not_generated}; "
+        f"requests {summary.requests}, cache hits {summary.cache_hits}"
+    )
+    return 0

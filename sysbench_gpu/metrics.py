@@ -1,16 +1,560 @@
-"""Placeholder: filled in by its issue."""
+"""Exact SysBench metrics of a judged run, bootstrap CIs, and paired comparison of two runs.
+
+Semantics (they reproduce every cell of the paper's tables from upstream's workbooks;
+formulas in docs/metrics.md):
+
+- a constraint is satisfied only when its verdict is ``yes``; ``other`` (不适用 ...)
+  and a missing verdict neither satisfy it nor fail the turn;
+- CSR is pooled over constraints; ``csr_macro`` is the paper's Eq. 1 (mean over turns
+  of the per-turn satisfied ratio);
+- a turn passes when none of its verdicts is ``no``; ISR = passing turns / turns;
+- R_n = share of sessions whose turns 1..n all pass; SSR = mean of R_1..R_T. A turn
+  that is not scored (missing judgment under ``allow_partial``, unparsed and
+  excluded, or never generated) ends a session's streak like a failing turn.
+
+Every ratio is a ratio of per-session sums, so the bootstrap resamples sessions and
+evaluates all metrics of all resamples with a few numpy reductions.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
+import numpy as np
+
+from sysbench_gpu.data import ALIGNMENT_ORDER, GROUP_ORDER, TYPE_ORDER, Session
 from sysbench_gpu.errors import SysbenchError
+from sysbench_gpu.runstore import JudgmentRecord, RunDir
+from sysbench_gpu.verdicts import NO, OTHER, YES
+
+Key = tuple[int, int]
+_NAMED = 5  # turns named in an error message before "... and N more"
+CI_METRICS = ("csr", "isr", "ssr")
+HEADLINE = ("csr", "csr_macro", "isr", "ssr")
+
+
+# ---------------------------------------------------------------- per-turn scoring
+
+
+@dataclass(frozen=True)
+class TurnScore:
+    """One scored turn: what its judgment says about its checklist."""
+
+    system_id: int
+    turn: int
+    alignment: str
+    satisfied: int
+    n_constraints: int
+    satisfied_by_type: Mapping[str, int]
+    constraints_by_type: Mapping[str, int]
+    passed: bool
+    verdicts: Mapping[str, int]  # yes / no / other counts over checklist items
+    missing_verdicts: int
+
+
+def score_turn(session: Session, turn_index: int, judgment: JudgmentRecord) -> TurnScore:
+    turn = session.turn(turn_index)
+    satisfied_by_type: Counter = Counter()
+    constraints_by_type: Counter = Counter()
+    counts: Counter = Counter()
+    missing = 0
+    for constraint in turn.constraints:
+        constraints_by_type[constraint.type] += 1
+        verdict = judgment.verdicts.get(str(constraint.id))
+        if verdict is None:
+            missing += 1
+            continue
+        value = verdict.value if verdict.value in (YES, NO) else OTHER
+        counts[value] += 1
+        if value == YES:
+            satisfied_by_type[constraint.type] += 1
+    # Any verdict of the record can fail the turn, also lines kept outside the checklist.
+    passed = all(v.value != NO for v in judgment.verdicts.values())
+    return TurnScore(
+        system_id=session.system_id,
+        turn=turn_index,
+        alignment=turn.alignment,
+        satisfied=sum(satisfied_by_type.values()),
+        n_constraints=len(turn.constraints),
+        satisfied_by_type=dict(satisfied_by_type),
+        constraints_by_type=dict(constraints_by_type),
+        passed=passed,
+        verdicts={k: counts.get(k, 0) for k in (YES, NO, OTHER)},
+        missing_verdicts=missing,
+    )
+
+
+# ---------------------------------------------------------------- per-session sums
+
+
+@dataclass(frozen=True)
+class SessionTable:
+    """Per-session sufficient statistics: every metric is sum(num) / sum(den) over sessions."""
+
+    system_ids: tuple[int, ...]
+    groups: tuple[str, ...]
+    leading: np.ndarray  # leading passing turns per session
+    n_rounds: int  # T: the largest number of turns in a session
+    ratios: dict[str, tuple[np.ndarray, np.ndarray]]  # metric name -> (num, den) per session
+
+    def point(self, name: str, rows: np.ndarray | None = None) -> float | None:
+        num, den = self.ratios[name]
+        if rows is not None:
+            num, den = num[rows], den[rows]
+        total = float(den.sum())
+        return float(num.sum()) / total if total else None
+
+    def resampled(self, name: str, index: np.ndarray) -> np.ndarray:
+        """The metric on each bootstrap resample (rows of ``index``); NaN where undefined."""
+        num, den = self.ratios[name]
+        top, bottom = num[index].sum(axis=1), den[index].sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(bottom > 0, top / np.where(bottom > 0, bottom, 1), np.nan)
+
+
+def ratio_names() -> list[str]:
+    return (
+        list(HEADLINE)
+        + [f"csr_by_type.{t}" for t in TYPE_ORDER]
+        + [f"isr_by_alignment.{a}" for a in ALIGNMENT_ORDER]
+    )
+
+
+def build_table(sessions: Sequence[Session], scores: Mapping[Key, TurnScore]) -> SessionTable:
+    n_rounds = max((len(s.turns) for s in sessions), default=0)
+    width = len(sessions)
+    columns = {name: (np.zeros(width), np.zeros(width)) for name in ratio_names()}
+    leading = np.zeros(width, dtype=np.int64)
+    for row, session in enumerate(sessions):
+        streak_open = True
+        for turn in session.turns:
+            score = scores.get((session.system_id, turn.index))
+            if score is None or not score.passed:
+                streak_open = False
+            elif streak_open:
+                leading[row] += 1
+            if score is None:
+                continue
+            _add(columns, "csr", row, score.satisfied, score.n_constraints)
+            _add(columns, "csr_macro", row, score.satisfied / score.n_constraints if score.n_constraints else 0.0,
+                 1 if score.n_constraints else 0)
+            _add(columns, "isr", row, score.passed, 1)
+            _add(columns, f"isr_by_alignment.{score.alignment}", row, score.passed, 1)
+            for kind, count in score.constraints_by_type.items():
+                _add(columns, f"csr_by_type.{kind}", row, score.satisfied_by_type.get(kind, 0), count)
+        _add(columns, "ssr", row, leading[row], n_rounds)
+    return SessionTable(
+        system_ids=tuple(s.system_id for s in sessions),
+        groups=tuple(s.group for s in sessions),
+        leading=leading,
+        n_rounds=n_rounds,
+        ratios=columns,
+    )
+
+
+def _add(columns: dict[str, tuple[np.ndarray, np.ndarray]], name: str, row: int, num: float, den: float) -> None:
+    if name not in columns:  # a constraint type or alignment outside the known ones
+        columns[name] = (np.zeros_like(columns["csr"][0]), np.zeros_like(columns["csr"][0]))
+    columns[name][0][row] += num
+    columns[name][1][row] += den
+
+
+def bootstrap_index(n_sessions: int, resamples: int, seed: int) -> np.ndarray:
+    """Session indices of each resample (with replacement), from a seeded numpy Generator."""
+    if resamples < 1:
+        raise SysbenchError(f"--resamples must be at least 1, got {resamples}")
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, n_sessions, size=(resamples, n_sessions))
+
+
+def percentile_ci(values: np.ndarray) -> list[float] | None:
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return None
+    low, high = np.percentile(finite, [2.5, 97.5])
+    return [float(low), float(high)]
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def compute_metrics(
+    sessions: Sequence[Session],
+    judgments: Mapping[Key, JudgmentRecord],
+    *,
+    allow_partial: bool = False,
+    exclude_unparsed: bool = False,
+    resamples: int = 1000,
+    seed: int = 0,
+    expected: set[Key] | None = None,
+    label: str | None = None,
+    model: str | None = None,
+) -> dict[str, Any]:
+    """All metrics of a judged run. ``expected``: turns that must be judged (default: all turns)."""
+    scores, sessions, counts = _score_turns(sessions, judgments, expected, allow_partial, exclude_unparsed)
+    if not sessions:
+        raise SysbenchError("no sessions to score")
+    table = build_table(sessions, scores)
+    index = bootstrap_index(len(sessions), resamples, seed)
+    turn_scores = list(scores.values())
+    verdict_counts = {k: sum(s.verdicts[k] for s in turn_scores) for k in (YES, NO, OTHER)}
+    by_type_n = {t: sum(s.constraints_by_type.get(t, 0) for s in turn_scores) for t in TYPE_ORDER}
+    group_of = {s.system_id: s.group for s in sessions}
+
+    return {
+        "label": label,
+        "model": model,
+        "n_sessions": len(sessions),
+        "n_turns": len(turn_scores),
+        "n_constraints": sum(s.n_constraints for s in turn_scores),
+        "csr": table.point("csr"),
+        "csr_macro": table.point("csr_macro"),
+        "isr": table.point("isr"),
+        "ssr": table.point("ssr"),
+        "csr_by_type": {t: table.point(f"csr_by_type.{t}") for t in TYPE_ORDER},
+        "n_constraints_by_type": by_type_n,
+        "isr_by_alignment": {a: table.point(f"isr_by_alignment.{a}") for a in ALIGNMENT_ORDER},
+        "isr_by_group": {
+            group: _isr_breakdown([s for s in turn_scores if group_of[s.system_id] == group])
+            for group in GROUP_ORDER
+        },
+        "rounds": {
+            **{group: _rounds(table, np.array([g == group for g in table.groups])) for group in GROUP_ORDER},
+            "all": _rounds(table, np.ones(len(sessions), dtype=bool)),
+        },
+        "ssr_by_group": {
+            group: table.point("ssr", np.array([g == group for g in table.groups])) for group in GROUP_ORDER
+        },
+        "isr_by_round": [
+            _ratio(sum(s.passed for s in turn_scores if s.turn == n), sum(1 for s in turn_scores if s.turn == n))
+            for n in range(1, table.n_rounds + 1)
+        ],
+        "ci95": {name: percentile_ci(table.resampled(name, index)) for name in CI_METRICS},
+        "bootstrap": {"resamples": resamples, "seed": seed, "unit": "session"},
+        "verdict_counts": verdict_counts,
+        "n_other_verdicts": verdict_counts[OTHER],
+        "n_missing_verdicts": sum(s.missing_verdicts for s in turn_scores),
+        "n_unparsed_turns": counts["unparsed"],
+        "n_missing_turns": counts["missing"],
+        "n_ungenerated_turns": counts["ungenerated"],
+        "partial": counts["missing"] > 0,
+        "excluded_unparsed": counts["unparsed"] > 0 and exclude_unparsed,
+    }
+
+
+def _score_turns(
+    sessions: Sequence[Session],
+    judgments: Mapping[Key, JudgmentRecord],
+    expected: set[Key] | None,
+    allow_partial: bool,
+    exclude_unparsed: bool,
+) -> tuple[dict[Key, TurnScore], list[Session], Counter]:
+    counts: Counter = Counter()
+    missing: list[Key] = []
+    unparsed: list[Key] = []
+    scores: dict[Key, TurnScore] = {}
+    kept: list[Session] = []
+    for session in sessions:
+        keys = [(session.system_id, t.index) for t in session.turns]
+        wanted = [k for k in keys if expected is None or k in expected]
+        counts["ungenerated"] += len(keys) - len(wanted)
+        if not wanted:
+            continue  # a session this run never generated
+        kept.append(session)
+        for key in wanted:
+            judgment = judgments.get(key)
+            if judgment is None:
+                missing.append(key)
+            elif judgment.parse_status == "unparsed":
+                unparsed.append(key)
+            else:
+                scores[key] = score_turn(session, key[1], judgment)
+    if missing and not allow_partial:
+        raise SysbenchError(
+            f"{len(missing)} expected turn(s) have no judgment: {_name_keys(missing)}; "
+            "run judge to finish them, or pass --allow-partial to score the judged subset"
+        )
+    if unparsed and not exclude_unparsed:
+        raise SysbenchError(
+            f"{len(unparsed)} judgment(s) are unparsed (the judge's reply never parsed): {_name_keys(unparsed)}; "
+            "rerun judge to retry them, or pass --exclude-unparsed to leave them out (they are counted)"
+        )
+    counts["missing"] = len(missing)
+    counts["unparsed"] = len(unparsed)
+    return scores, kept, counts
+
+
+def _name_keys(keys: Sequence[Key]) -> str:
+    named = ", ".join(f"session {s} turn {t}" for s, t in keys[:_NAMED])
+    return named + (f" and {len(keys) - _NAMED} more" if len(keys) > _NAMED else "")
+
+
+def _isr_breakdown(turns: Sequence[TurnScore]) -> dict[str, float | None]:
+    result = {
+        alignment: _ratio(sum(t.passed for t in turns if t.alignment == alignment),
+                          sum(1 for t in turns if t.alignment == alignment))
+        for alignment in ALIGNMENT_ORDER
+    }
+    result["all"] = _ratio(sum(t.passed for t in turns), len(turns))
+    return result
+
+
+def _rounds(table: SessionTable, rows: np.ndarray) -> list[float] | None:
+    if not rows.any():
+        return None
+    chosen = table.leading[rows]
+    return [float((chosen >= n).mean()) for n in range(1, table.n_rounds + 1)]
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return float(num) / den if den else None
+
+
+# ---------------------------------------------------------------- run directories
+
+
+@dataclass(frozen=True)
+class LoadedRun:
+    path: Path
+    label: str
+    model: str | None
+    sessions: list[Session]
+    judgments: dict[Key, JudgmentRecord]
+    expected: set[Key]
+
+
+def load_run(run_dir: str | Path) -> LoadedRun:
+    """Read what metrics need from a run directory; never writes."""
+    run = RunDir(run_dir).require()
+    manifest = run.read_manifest()
+    sessions = run.load_sessions()
+    if not run.generations.path.exists():
+        raise SysbenchError(f"{run.path}: no {run.generations.path.name} (run generate or import-upstream first)")
+    generations = run.generations.read()
+    known = {(s.system_id, t.index) for s in sessions for t in s.turns}
+    expected = set(generations) & known
+    if not expected:
+        raise SysbenchError(f"{run.path}: no generation record matches a turn of sessions.json")
+    judgments = run.judgments.read()
+    label, model = _label_and_model(manifest, generations.values(), run.path)
+    return LoadedRun(run.path, label, model, sessions, judgments, expected)
+
+
+def _label_and_model(manifest: Mapping[str, Any], generations: Any, path: Path) -> tuple[str, str | None]:
+    stages = manifest.get("stages", {}) if isinstance(manifest.get("stages"), dict) else {}
+
+    def find(key: str) -> Any:
+        if manifest.get(key):
+            return manifest[key]
+        for section in stages.values():
+            if isinstance(section, dict) and section.get(key):
+                return section[key]
+        return None
+
+    model = find("model")
+    if model is None:
+        seen = Counter(g.model for g in generations if g.model)
+        model = seen.most_common(1)[0][0] if seen else None
+    label = find("label") or path.resolve().name
+    return str(label), (str(model) if model is not None else None)
+
+
+def run_metrics(
+    run_dir: str | Path,
+    *,
+    allow_partial: bool = False,
+    exclude_unparsed: bool = False,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Metrics of a run directory (sessions.json + generations + judgments + manifest)."""
+    loaded = load_run(run_dir)
+    try:
+        return compute_metrics(
+            loaded.sessions,
+            loaded.judgments,
+            allow_partial=allow_partial,
+            exclude_unparsed=exclude_unparsed,
+            resamples=resamples,
+            seed=seed,
+            expected=loaded.expected,
+            label=loaded.label,
+            model=loaded.model,
+        )
+    except SysbenchError as error:
+        raise SysbenchError(f"{loaded.path}: {error}") from None
+
+
+# ---------------------------------------------------------------- comparison
+
+
+def compare_runs(run_a: str | Path, run_b: str | Path, *, resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """Paired difference B - A per headline metric, with a paired session bootstrap CI."""
+    a, b = load_run(run_a), load_run(run_b)
+    _check_same_coverage(a, b)
+    tables = []
+    for run in (a, b):
+        try:
+            scores, sessions, _ = _score_turns(run.sessions, run.judgments, run.expected, False, False)
+        except SysbenchError as error:
+            raise SysbenchError(f"{run.path}: {error} (compare needs two complete runs)") from None
+        tables.append(build_table(sorted(sessions, key=lambda s: s.system_id), scores))
+    table_a, table_b = tables
+    index = bootstrap_index(len(table_a.system_ids), resamples, seed)
+    metrics = {}
+    for name in ratio_names():
+        point_a, point_b = table_a.point(name), table_b.point(name)
+        diff = None if point_a is None or point_b is None else point_b - point_a
+        ci = percentile_ci(table_b.resampled(name, index) - table_a.resampled(name, index))
+        metrics[name] = {"a": point_a, "b": point_b, "diff": diff, "ci95": ci if diff is not None else None}
+    return {
+        "run_a": {"path": str(a.path), "label": a.label, "model": a.model},
+        "run_b": {"path": str(b.path), "label": b.label, "model": b.model},
+        "n_sessions": len(table_a.system_ids),
+        "n_turns": len(a.expected),
+        "bootstrap": {"resamples": resamples, "seed": seed, "unit": "session", "paired": True},
+        "metrics": metrics,
+    }
+
+
+def _check_same_coverage(a: LoadedRun, b: LoadedRun) -> None:
+    only_a, only_b = sorted(a.expected - b.expected), sorted(b.expected - a.expected)
+    if only_a or only_b:
+        parts = []
+        if only_a:
+            parts.append(f"{len(only_a)} turn(s) only in {a.path}: {_name_keys(only_a)}")
+        if only_b:
+            parts.append(f"{len(only_b)} turn(s) only in {b.path}: {_name_keys(only_b)}")
+        raise SysbenchError("runs do not cover the same turns: " + "; ".join(parts))
+    sessions_a = {s.system_id: s for s in a.sessions}
+    sessions_b = {s.system_id: s for s in b.sessions}
+    differing = []
+    for system_id, turn in sorted(a.expected):
+        sa, sb = sessions_a[system_id], sessions_b[system_id]
+        ta, tb = sa.turn(turn), sb.turn(turn)
+        shape_a = (sa.dependent, ta.alignment, tuple((c.id, c.type) for c in ta.constraints))
+        shape_b = (sb.dependent, tb.alignment, tuple((c.id, c.type) for c in tb.constraints))
+        if shape_a != shape_b:
+            differing.append((system_id, turn))
+    if differing:
+        raise SysbenchError(
+            f"runs {a.path} and {b.path} have different checklists, alignment or dependency on "
+            f"{len(differing)} turn(s): {_name_keys(differing)}"
+        )
+
+
+# ---------------------------------------------------------------- text output
+
+
+def _pct(value: float | None) -> str:
+    return "   -  " if value is None else f"{100 * value:6.1f}"
+
+
+def _ci(pair: Sequence[float] | None) -> str:
+    return "" if not pair else f"  [{100 * pair[0]:.1f}, {100 * pair[1]:.1f}]"
+
+
+def format_metrics(result: Mapping[str, Any]) -> str:
+    lines = [
+        f"run {result['label']}  model {result['model']}",
+        f"{result['n_sessions']} sessions, {result['n_turns']} turns, {result['n_constraints']} constraints"
+        + ("  (PARTIAL: " + f"{result['n_missing_turns']} turns not judged)" if result["partial"] else "")
+        + (f"  ({result['n_unparsed_turns']} unparsed turns excluded)" if result["excluded_unparsed"] else ""),
+        "",
+        f"{'metric':<22}{'%':>6}  95% CI (session bootstrap, {result['bootstrap']['resamples']} resamples)",
+    ]
+    for name in HEADLINE:
+        lines.append(f"{name.upper() if name != 'csr_macro' else 'CSR (Eq. 1 macro)':<22}{_pct(result[name])}"
+                     f"{_ci(result['ci95'].get(name))}")
+    lines += ["", "CSR by constraint type"]
+    for kind in TYPE_ORDER:
+        lines.append(f"  {kind:<20}{_pct(result['csr_by_type'][kind])}   n={result['n_constraints_by_type'][kind]}")
+    lines += ["", f"ISR by alignment      {'aligned':>9}{'misaligned':>11}{'all':>8}"]
+    overall = {**result["isr_by_alignment"], "all": result["isr"]}
+    for name, row in (*result["isr_by_group"].items(), ("overall", overall)):
+        lines.append(f"  {name:<20}{_pct(row['aligned']):>9}{_pct(row['misaligned']):>11}{_pct(row['all']):>8}")
+    rounds = result["rounds"]["all"] or []
+    header = "".join(f"{'R' + str(n):>8}" for n in range(1, len(rounds) + 1))
+    lines += ["", f"multi-turn stability {header}{'SSR':>8}"]
+    for group in (*GROUP_ORDER, "all"):
+        values = result["rounds"][group] or [None] * len(rounds)
+        ssr = result["ssr"] if group == "all" else result["ssr_by_group"][group]
+        lines.append(f"  {group:<19}" + "".join(f"{_pct(v):>8}" for v in values) + f"{_pct(ssr):>8}")
+    lines.append(f"  {'ISR by turn':<19}" + "".join(f"{_pct(v):>8}" for v in result["isr_by_round"]))
+    counts = result["verdict_counts"]
+    lines += [
+        "",
+        f"verdicts: yes {counts['yes']}, no {counts['no']}, other {counts['other']}"
+        f" (not applicable etc.: neither satisfy nor fail), missing {result['n_missing_verdicts']}",
+    ]
+    return "\n".join(lines)
+
+
+def format_comparison(result: Mapping[str, Any]) -> str:
+    a, b = result["run_a"], result["run_b"]
+    lines = [
+        f"A = {a['label']} ({a['path']})",
+        f"B = {b['label']} ({b['path']})",
+        f"{result['n_sessions']} sessions, {result['n_turns']} turns; paired session bootstrap, "
+        f"{result['bootstrap']['resamples']} resamples, seed {result['bootstrap']['seed']}",
+        "",
+        f"{'metric':<30}{'A %':>7}{'B %':>7}{'B-A pts':>9}  95% CI",
+    ]
+    for name, row in result["metrics"].items():
+        diff = "     - " if row["diff"] is None else f"{100 * row['diff']:+7.1f}"
+        lines.append(f"{name:<30}{_pct(row['a']):>7}{_pct(row['b']):>7}{diff:>9}{_ci(row['ci95'])}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- CLI
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("metrics", help="CSR, ISR, SSR and breakdowns of a judged run")
-    parser.set_defaults(func=_not_ready)
+    parser.add_argument("run_dir", help="run directory (generated and judged, or imported)")
+    parser.add_argument("--json", action="store_true", help="print JSON (fractions in [0, 1])")
+    parser.add_argument("--allow-partial", action="store_true", help="score the judged subset of an unfinished run")
+    parser.add_argument("--exclude-unparsed", action="store_true", help="leave out (and count) unparsed judgments")
+    parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    parser.set_defaults(func=_cmd_metrics)
+
+    compare = subparsers.add_parser("compare", help="paired difference of two runs' metrics (B - A) with CIs")
+    compare.add_argument("run_a", help="baseline run directory")
+    compare.add_argument("run_b", help="run directory compared against it")
+    compare.add_argument("--json", action="store_true", help="print JSON")
+    compare.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    compare.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    compare.set_defaults(func=_cmd_compare)
 
 
-def _not_ready(args: argparse.Namespace) -> int:
-    raise SysbenchError("'metrics' is not implemented yet")
+def _cmd_metrics(args: argparse.Namespace) -> int:
+    result = run_metrics(
+        args.run_dir,
+        allow_partial=args.allow_partial,
+        exclude_unparsed=args.exclude_unparsed,
+        resamples=args.resamples,
+        seed=args.seed,
+    )
+    _emit(result, args.json, format_metrics)
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    result = compare_runs(args.run_a, args.run_b, resamples=args.resamples, seed=args.seed)
+    _emit(result, args.json, format_comparison)
+    return 0
+
+
+def _emit(result: Mapping[str, Any], as_json: bool, formatter: Any) -> None:
+    if as_json:
+        json.dump(result, sys.stdout, ensure_ascii=False, indent=2)
+        print()
+    else:
+        print(formatter(result))

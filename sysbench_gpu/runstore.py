@@ -258,6 +258,7 @@ def write_json_atomic(path: Path, obj: Any) -> None:
         handle.flush()
         os.fsync(handle.fileno())
         temp = handle.name
+    os.chmod(temp, 0o644)  # temporary files are created 0600; a run's files are meant to be shared
     os.replace(temp, path)
 
 

@@ -1,0 +1,263 @@
+"""The transformers engine: ``model.generate`` over left-padded batches formed by prompt length.
+
+Prompts are rendered with the tokenizer's chat template, sorted by token length and
+cut into chunks of ``batch_size`` so that each batch pads little; completions are
+returned in input order. Defaults come from the model's generation config (greedy for
+SmolLM2); a ``SamplingSpec`` field overrides only when it is set. ``max_tokens``
+falls back to ``DEFAULT_MAX_TOKENS`` because a generation config's ``max_length`` is
+usually a tiny library default, not a choice of the model's authors.
+
+torch and transformers are imported when an engine is built, never at module import.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from typing import Any, Sequence
+
+from sysbench_gpu.engines.base import ChatMessage, Completion, SamplingSpec
+from sysbench_gpu.errors import SysbenchError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS = 512
+_DTYPES = {"auto": None, "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
+           "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}
+
+
+class HFEngine:
+    """transformers ``generate`` behind the ``Engine`` protocol (single process, always primary)."""
+
+    name = "hf"
+    is_primary = True
+
+    def __init__(
+        self,
+        model: str,
+        device: str | None = None,
+        dtype: str | None = None,
+        batch_size: int = 32,
+        device_map: str | None = None,
+        seed: int | None = None,
+        *,
+        ignore_eos: bool = False,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    ) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from sysbench_gpu.models import resolve_model
+
+        if batch_size < 1:
+            raise SysbenchError(f"hf engine: batch_size must be at least 1, got {batch_size}")
+        self.model = model
+        self.path = resolve_model(model)
+        self.batch_size = batch_size
+        self.device_map = device_map
+        self.seed = seed
+        # ignore_eos forces every reply to run to max_tokens (benchmarks that need equal work).
+        self.ignore_eos = ignore_eos
+        self.default_max_tokens = default_max_tokens
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = device
+        # With a device map the weights land on the GPUs when there are any.
+        placement = device if device_map is None else ("cuda" if torch.cuda.is_available() else "cpu")
+        self.dtype_name = _resolve_dtype_name(dtype, placement)
+        torch_dtype = getattr(torch, self.dtype_name)
+
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.path)
+        except (OSError, ValueError) as error:
+            raise SysbenchError(f"hf engine: cannot load the tokenizer of {model!r} ({self.path}): {error}") from None
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            # Many chat models ship without a pad token; eos is masked out anyway.
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        load_options: dict[str, Any] = {"dtype": torch_dtype}
+        if device_map is not None:
+            # accelerate spreads the layers over every visible GPU (and CPU when needed).
+            load_options["device_map"] = device_map
+        try:
+            self.hf_model = AutoModelForCausalLM.from_pretrained(self.path, **load_options)
+        except (OSError, ValueError) as error:
+            raise SysbenchError(f"hf engine: cannot load model {model!r} ({self.path}): {error}") from None
+        if device_map is None:
+            self.hf_model.to(device)
+        self.hf_model.eval()
+        self.input_device = str(self.hf_model.device)
+        self.eos_ids = _eos_ids(self.hf_model.generation_config, self.tokenizer)
+        self._system_role: bool | None = None
+
+    # -- prompts -------------------------------------------------------------------
+    def render(self, conversation: Sequence[ChatMessage]) -> str:
+        return self.tokenizer.apply_chat_template(list(conversation), tokenize=False, add_generation_prompt=True)
+
+    def prompt_ids(self, conversation: Sequence[ChatMessage]) -> list[int]:
+        # The template already holds the special tokens it wants.
+        return list(self.tokenizer(self.render(conversation), add_special_tokens=False)["input_ids"])
+
+    def count_prompt_tokens(self, conversation: Sequence[ChatMessage]) -> int | None:
+        return len(self.prompt_ids(conversation))
+
+    def supports_system_role(self) -> bool:
+        if self._system_role is None:
+            probe = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+            try:
+                rendered = self.render(probe)
+            except Exception:  # jinja2 TemplateError from raise_exception("System role not supported")
+                self._system_role = False
+            else:
+                # A template that silently drops the system message does not support it either.
+                self._system_role = "S" in rendered.replace("U", "")
+        return self._system_role
+
+    def context_length(self) -> int | None:
+        config = self.hf_model.config
+        for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+            value = getattr(config, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    # -- generation ------------------------------------------------------------------
+    def generation_kwargs(self, sampling: SamplingSpec) -> dict[str, Any]:
+        """Arguments for ``generate``: the model's generation config, overridden by what is set."""
+        config = self.hf_model.generation_config
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": sampling.max_tokens if sampling.max_tokens is not None else self.default_max_tokens,
+            "do_sample": bool(getattr(config, "do_sample", False)),
+            "pad_token_id": self.tokenizer.pad_token_id,
+        }
+        if sampling.temperature is not None:
+            if sampling.temperature <= 0:
+                kwargs["do_sample"] = False
+            else:
+                kwargs["do_sample"] = True
+                kwargs["temperature"] = sampling.temperature
+        if kwargs["do_sample"]:
+            # top_p / top_k only mean something when sampling; greedy ignores them.
+            if sampling.top_p is not None:
+                kwargs["top_p"] = sampling.top_p
+            if sampling.top_k is not None:
+                kwargs["top_k"] = sampling.top_k
+        else:
+            # Keep transformers from warning about sampling fields of a greedy config.
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        if sampling.repetition_penalty is not None:
+            kwargs["repetition_penalty"] = sampling.repetition_penalty
+        if self.ignore_eos:
+            kwargs["min_new_tokens"] = kwargs["max_new_tokens"]
+        return kwargs
+
+    def chat(self, conversations: Sequence[Sequence[ChatMessage]], sampling: SamplingSpec) -> list[Completion]:
+        import torch
+        from tqdm import tqdm
+
+        if not conversations:
+            return []
+        prompts = [self.prompt_ids(conversation) for conversation in conversations]
+        kwargs = self.generation_kwargs(sampling)
+        seed = sampling.seed if sampling.seed is not None else self.seed
+        if seed is not None:
+            torch.manual_seed(seed)
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        chunks = [order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)]
+        results: list[Completion | None] = [None] * len(prompts)
+        for chunk in tqdm(chunks, desc="hf batches", unit="batch", disable=len(chunks) < 2, leave=False):
+            for index, completion in zip(chunk, self._generate_batch([prompts[i] for i in chunk], kwargs)):
+                results[index] = completion
+        return [completion for completion in results if completion is not None]
+
+    def _generate_batch(self, prompts: list[list[int]], kwargs: dict[str, Any]) -> list[Completion]:
+        import torch
+
+        width = max(len(p) for p in prompts)
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
+        with torch.inference_mode():
+            output = self.hf_model.generate(
+                input_ids=input_ids.to(self.input_device),
+                attention_mask=attention.to(self.input_device),
+                **kwargs,
+            )
+        new_tokens = output[:, width:].tolist()
+        completions = []
+        for prompt, tokens in zip(prompts, new_tokens):
+            kept, finish = self._cut_at_eos(tokens, kwargs["max_new_tokens"])
+            completions.append(
+                Completion(
+                    text=self.tokenizer.decode(kept, skip_special_tokens=True),
+                    prompt_tokens=len(prompt),
+                    output_tokens=len(kept) + (1 if finish == "stop" else 0),
+                    finish_reason=finish,
+                )
+            )
+        return completions
+
+    def _cut_at_eos(self, tokens: list[int], max_new_tokens: int) -> tuple[list[int], str]:
+        """Tokens before the first eos; finish 'stop' when an eos ended it, else 'length'."""
+        if not self.ignore_eos:
+            for position, token in enumerate(tokens):
+                if token in self.eos_ids:
+                    return tokens[:position], "stop"
+        return tokens[:max_new_tokens], "length"
+
+    # -- bookkeeping -------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        config = self.hf_model.generation_config
+        defaults = {
+            "max_tokens": self.default_max_tokens,
+            "do_sample": bool(getattr(config, "do_sample", False)),
+        }
+        for name in ("temperature", "top_p", "top_k", "repetition_penalty"):
+            value = getattr(config, name, None)
+            if value is not None:
+                defaults[name] = value
+        return {
+            "engine": self.name,
+            "model": self.model,
+            "path": self.path,
+            "device": self.input_device,
+            "device_map": self.device_map,
+            "dtype": self.dtype_name,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "ignore_eos": self.ignore_eos,
+            "padding_side": "left",
+            "context_length": self.context_length(),
+            "defaults": defaults,
+        }
+
+    def close(self) -> None:
+        import torch
+
+        self.hf_model = None  # type: ignore[assignment]
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _resolve_dtype_name(dtype: str | None, device: str) -> str:
+    """bf16 on a GPU, fp32 on the CPU, unless the user named one."""
+    if dtype is not None:
+        key = dtype.lower()
+        if key not in _DTYPES:
+            raise SysbenchError(f"hf engine: unknown dtype {dtype!r} (choose from {', '.join(sorted(_DTYPES))})")
+        if _DTYPES[key] is not None:
+            return _DTYPES[key]
+    return "bfloat16" if str(device).startswith("cuda") else "float32"
+
+
+def _eos_ids(generation_config: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    value = getattr(generation_config, "eos_token_id", None)
+    if isinstance(value, int):
+        ids.add(value)
+    elif isinstance(value, (list, tuple)):
+        ids.update(int(v) for v in value)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids

@@ -1,0 +1,281 @@
+"""The ``openai`` engine: any OpenAI-compatible chat-completions endpoint.
+
+Closed models (OpenAI itself), a running ``vllm serve``, or any other server that
+speaks ``/v1/chat/completions``. Requests run on a bounded thread pool; each one
+retries transient failures (429, 5xx, dropped connections, timeouts) with capped
+exponential backoff and jitter (``engines.retry``). The client's own retries are
+switched off, so ours are the only ones and they are counted.
+
+The API key is read from the environment variable named by ``api_key_env`` and is
+never logged nor written to ``describe()`` (and so never to a manifest).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from typing import Any, Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+from sysbench_gpu.engines.base import ChatMessage, Completion, SamplingSpec
+from sysbench_gpu.engines.retry import (
+    Clock,
+    NotRetryable,
+    Retryable,
+    RetryCounter,
+    RetryPolicy,
+    call_with_retries,
+    parse_retry_after,
+)
+from sysbench_gpu.errors import SysbenchError
+
+log = logging.getLogger(__name__)
+
+# A local server (vllm serve, llama.cpp) accepts any key; the client library insists on one.
+PLACEHOLDER_KEY = "EMPTY"
+# Status codes worth another try: timeout, conflict/lock, too early, rate limit; 5xx below.
+RETRY_STATUS = frozenset({408, 409, 425, 429})
+
+
+class OpenAIEngine:
+    """Chat completions over HTTP with bounded concurrency and counted retries."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str | None = None,
+        api_key_env: str = "OPENAI_API_KEY",
+        concurrency: int = 8,
+        max_retries: int = 6,
+        timeout: float = 60.0,
+        *,
+        context_length: int | None = None,
+        backoff_base_s: float = 1.0,
+        backoff_max_s: float = 30.0,
+        clock: Clock | None = None,
+        rng_seed: int | None = None,
+    ) -> None:
+        import openai  # lazy: the CLI must start without it
+
+        if concurrency < 1:
+            raise SysbenchError(f"openai engine: concurrency must be >= 1, got {concurrency}")
+        if timeout <= 0:
+            raise SysbenchError(f"openai engine: timeout must be > 0 seconds, got {timeout}")
+        self.model = model
+        self.is_primary = True
+        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+        self.api_key_env = api_key_env
+        self.concurrency = concurrency
+        self.timeout = timeout
+        self._context_length = context_length
+        self.policy = RetryPolicy(max_retries=max_retries, base_delay_s=backoff_base_s, max_delay_s=backoff_max_s)
+        self.retries = RetryCounter()
+        self._clock = clock
+        self._rng = random.Random(rng_seed)
+        self._rng_lock = threading.Lock()
+        self._seed_accepted: bool | None = None  # unknown until a seeded request comes back
+
+        api_key = os.environ.get(api_key_env) if api_key_env else None
+        if not api_key:
+            if self.base_url is None:
+                raise SysbenchError(
+                    f"openai engine: environment variable {api_key_env} is not set "
+                    "(set it, or point --base-url at a local server that needs no key)"
+                )
+            api_key = PLACEHOLDER_KEY
+        self._openai = openai
+        self._client = openai.OpenAI(
+            api_key=api_key, base_url=self.base_url, max_retries=0, timeout=timeout
+        )
+
+    # --- Engine protocol -------------------------------------------------
+
+    def chat(
+        self,
+        conversations: Sequence[Sequence[ChatMessage]],
+        sampling: SamplingSpec,
+        request_ids: Sequence[str] | None = None,
+    ) -> list[Completion]:
+        """Send every conversation (at most ``concurrency`` at once); results in input order.
+
+        ``request_ids`` (e.g. ``"session 12, turn 3"``) name requests in errors and logs.
+        On the first request that fails for good, requests not yet started are
+        cancelled and a :class:`SysbenchError` naming it is raised.
+        """
+        if request_ids is not None and len(request_ids) != len(conversations):
+            raise SysbenchError(
+                f"openai engine: {len(request_ids)} request ids for {len(conversations)} conversations"
+            )
+        labels = list(request_ids) if request_ids is not None else [
+            f"request {i + 1} of {len(conversations)}" for i in range(len(conversations))
+        ]
+        if not conversations:
+            return []
+        results: list[Completion | None] = [None] * len(conversations)
+        with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="openai") as pool:
+            futures: dict[Future[Completion], int] = {
+                pool.submit(self.chat_one, conversation, sampling, labels[i]): i
+                for i, conversation in enumerate(conversations)
+            }
+            done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+            failed = [f for f in done if f.exception() is not None]
+            if failed:
+                for future in pending:
+                    future.cancel()
+                # Report the earliest failed request in input order.
+                first = min(failed, key=lambda f: futures[f])
+                raise first.exception()  # type: ignore[misc]
+            for future, index in futures.items():
+                results[index] = future.result()
+        return [r for r in results if r is not None]
+
+    def chat_one(
+        self, messages: Sequence[ChatMessage], sampling: SamplingSpec, request_id: str | None = None
+    ) -> Completion:
+        """One request with the same retries as ``chat`` (the judge calls this)."""
+        label = f"{self.name} {self.model}: {request_id or 'request'}"
+        payload = [{"role": m["role"], "content": m["content"]} for m in messages]
+        kwargs = self._request_kwargs(sampling)
+
+        def send() -> Any:
+            try:
+                return self._client.chat.completions.create(model=self.model, messages=payload, **kwargs)
+            except self._openai.BadRequestError as error:
+                if "seed" in kwargs and _mentions_seed(error):
+                    # The server refuses per-request seeds: go on without, and say so once.
+                    if self._seed_accepted is not False:
+                        log.warning("%s: server rejected the 'seed' parameter; sending requests without it", label)
+                    self._seed_accepted = False
+                    kwargs.pop("seed", None)
+                    return self._client.chat.completions.create(model=self.model, messages=payload, **kwargs)
+                raise
+
+        with self._rng_lock:
+            rng = random.Random(self._rng.random())
+        response, attempts, reasons = call_with_retries(
+            send,
+            policy=self.policy,
+            classify=self._classify,
+            label=label,
+            clock=self._clock,
+            rng=rng,
+            counter=self.retries,
+        )
+        if "seed" in kwargs and self._seed_accepted is None:
+            self._seed_accepted = True
+        return self._completion(response, label, attempts, reasons)
+
+    def count_prompt_tokens(self, conversation: Sequence[ChatMessage]) -> int | None:
+        return None  # the server applies its own template; we cannot tell before sending
+
+    def supports_system_role(self) -> bool:
+        return True  # chat-completions servers accept a system message
+
+    def context_length(self) -> int | None:
+        return self._context_length
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "engine": self.name,
+            "model": self.model,
+            "base_url": _redact_url(self.base_url) if self.base_url else "https://api.openai.com/v1",
+            "api_key_env": self.api_key_env,  # the variable's name, never its value
+            "concurrency": self.concurrency,
+            "timeout_s": self.timeout,
+            "retry_policy": {
+                "max_retries": self.policy.max_retries,
+                "base_delay_s": self.policy.base_delay_s,
+                "max_delay_s": self.policy.max_delay_s,
+                "multiplier": self.policy.multiplier,
+                "jitter": self.policy.jitter,
+            },
+            "retries": self.retries.snapshot(),
+            "seed_accepted": self._seed_accepted,
+            "context_length": self._context_length,
+            "openai_version": getattr(self._openai, "__version__", None),
+        }
+
+    def close(self) -> None:
+        self._client.close()
+
+    # --- helpers -----------------------------------------------------------
+
+    def _request_kwargs(self, sampling: SamplingSpec) -> dict[str, Any]:
+        """Only the parameters the user set; the rest stays the server's default."""
+        kwargs: dict[str, Any] = {}
+        if sampling.max_tokens is not None:
+            kwargs["max_tokens"] = sampling.max_tokens
+        if sampling.temperature is not None:
+            kwargs["temperature"] = sampling.temperature
+        if sampling.top_p is not None:
+            kwargs["top_p"] = sampling.top_p
+        if sampling.seed is not None and self._seed_accepted is not False:
+            kwargs["seed"] = sampling.seed
+        # Not in OpenAI's API; vLLM's server (and others) read them from the body.
+        extra_body: dict[str, Any] = {}
+        if sampling.top_k is not None:
+            extra_body["top_k"] = sampling.top_k
+        if sampling.repetition_penalty is not None:
+            extra_body["repetition_penalty"] = sampling.repetition_penalty
+        if extra_body:
+            kwargs["extra_body"] = extra_body
+        if sampling.json_schema is not None:
+            kwargs["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "response", "schema": sampling.json_schema, "strict": True},
+            }
+        return kwargs
+
+    def _classify(self, error: BaseException) -> Retryable | None:
+        openai = self._openai
+        if isinstance(error, openai.APITimeoutError):
+            return Retryable("timeout")
+        if isinstance(error, openai.APIConnectionError):
+            return Retryable("connection")
+        if isinstance(error, openai.APIStatusError):
+            status = error.status_code
+            if status in RETRY_STATUS or status >= 500:
+                return Retryable(str(status), parse_retry_after(dict(error.response.headers)))
+        return None
+
+    def _completion(self, response: Any, label: str, attempts: int, reasons: list[str]) -> Completion:
+        choices = getattr(response, "choices", None) or []
+        if not choices:
+            raise NotRetryable(label, SysbenchError("the server answered with no choices"))
+        choice = choices[0]
+        message = getattr(choice, "message", None)
+        text = getattr(message, "content", None) or ""
+        usage = getattr(response, "usage", None)
+        details = getattr(usage, "prompt_tokens_details", None) if usage is not None else None
+        extra: dict[str, Any] = {"attempts": attempts}
+        if reasons:
+            extra["retry_reasons"] = list(reasons)
+        served_model = getattr(response, "model", None)
+        if served_model and served_model != self.model:
+            extra["served_model"] = served_model
+        return Completion(
+            text=text,
+            prompt_tokens=getattr(usage, "prompt_tokens", None) if usage is not None else None,
+            output_tokens=getattr(usage, "completion_tokens", None) if usage is not None else None,
+            cached_prompt_tokens=getattr(details, "cached_tokens", None) if details is not None else None,
+            finish_reason=getattr(choice, "finish_reason", None),
+            extra=extra,
+        )
+
+
+def _mentions_seed(error: BaseException) -> bool:
+    return "seed" in str(error).lower()
+
+
+def _redact_url(url: str) -> str:
+    """Drop user:password and the query string (where some gateways put keys)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))

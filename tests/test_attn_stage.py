@@ -1,0 +1,149 @@
+"""The `attention` stage end to end on a small SmolLM2 run: shares, table, analysis, figures, resume, ranks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from sysbench_gpu.attn_analysis import (  # noqa: E402
+    TurnShare,
+    compare_conditions,
+    correlate_with_verdicts,
+    moving_average,
+    normalized_axis,
+    read_turn_table,
+)
+from sysbench_gpu.cli import main  # noqa: E402
+from sysbench_gpu.runstore import GenerationRecord, JudgmentRecord, RunDir, Verdict  # noqa: E402
+
+N_SESSIONS = 3
+
+
+def _short(session):
+    """Shortened texts keep the CPU forward small; the structure (5 turns, checklists) is the real one."""
+    turns = tuple(dataclasses.replace(t, user=t.user[:40]) for t in session.turns)
+    return dataclasses.replace(session, system_prompt=session.system_prompt[:90], turns=turns)
+
+
+@pytest.fixture()
+def run_dir(tmp_path, dataset):
+    sessions = [_short(s) for s in dataset.select(limit=N_SESSIONS)]
+    run = RunDir(tmp_path / "run")
+    run.update_manifest(stage="generate", model="smollm2")
+    run.write_sessions(sessions, dataset)
+    generations, judgments = [], []
+    for session in sessions:
+        for turn in session.turns:
+            # Session 2 stops after turn 3 (turn 4 skipped for length by the generator).
+            skipped = session.system_id == sessions[1].system_id and turn.index == 4
+            generations.append(
+                GenerationRecord(
+                    system_id=session.system_id, turn=turn.index, user=turn.user,
+                    response=None if skipped else f"好的。第{turn.index}轮：{turn.user[:8]}",
+                    status="skipped" if skipped else "ok", model="smollm2",
+                )
+            )
+            verdicts = {
+                str(c.id): Verdict(raw="是", value="yes" if (c.id + turn.index + session.system_id) % 3 else "no", type=c.type)
+                for c in turn.constraints
+            }
+            judgments.append(JudgmentRecord(system_id=session.system_id, turn=turn.index, verdicts=verdicts))
+    run.generations.append(generations)
+    run.judgments.append(judgments)
+    return run, sessions
+
+
+def _run(run, out, *extra):
+    return main(["attention", str(run.path), "--model", "smollm2", "--out", str(out), "--layers", "1,3",
+                 "--chunk-tokens", "48", "--bootstrap", "50", *extra])
+
+
+def test_attention_end_to_end_resumes(run_dir, tmp_path, capsys):
+    run, sessions = run_dir
+    out = tmp_path / "attn"
+    assert _run(run, out, "--control") == 0
+    printed = capsys.readouterr().out
+    assert "share vs turn pass: r =" in printed
+
+    files = sorted((out / "sessions").glob("*.npz"))
+    assert len(files) == 2 * N_SESSIONS
+    stored = np.load(out / "sessions" / f"{sessions[0].system_id:04d}.system.npz")
+    meta = json.loads(str(stored["meta"]))
+    assert meta["turns_measured"] == [1, 2, 3, 4, 5] and list(stored["layers"]) == [1, 3]
+    shares = stored["shares"]
+    assert shares.shape == (2, len(stored["token_ids"]), 2)
+    assert np.all(shares >= 0) and np.all(shares.sum(-1) <= 1 + 1e-5)
+    # Every query after the system text sees it; the token right after it gives it a positive share.
+    assert np.all(shares[:, stored["system"][1]:, 1] > 0)
+    short = json.loads(str(np.load(out / "sessions" / f"{sessions[1].system_id:04d}.control.npz")["meta"]))
+    assert short["turns_measured"] == [1, 2, 3] and "turn 4" in short["stopped"]
+
+    rows = read_turn_table(out / "turn_shares.jsonl")
+    assert len(rows) == 2 * 2 * (5 + 3 + 5)  # conditions x layers x measured turns
+    assert {r.layer_label for r in rows} == {"layer1", "layer3"}
+    analysis = json.loads((out / "analysis.json").read_text())
+    assert analysis["verdicts"]["status"] == "ok"
+    assert analysis["verdicts"]["layers"]["layer1"]["turn_pass"]["n"] == 13
+    assert set(analysis["system_vs_user"]["layers"]) == {"layer1", "layer3"}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["layers"] == [1, 3] and manifest["replies"] == "generations"
+    figures = {p.name for p in (out / "figures").iterdir()}
+    assert {"turn_means_layer1.png", "turn_means_layer1.pdf", f"token_shares_{sessions[0].system_id}_layer3.png"} <= figures
+
+    before = {p: p.stat().st_mtime_ns for p in files}
+    assert _run(run, out, "--control") == 0
+    assert {p: p.stat().st_mtime_ns for p in sorted((out / "sessions").glob("*.npz"))} == before
+    assert len(read_turn_table(out / "turn_shares.jsonl")) == len(rows)
+    # A different model into the same directory is refused.
+    assert main(["attention", str(run.path), "--model", "smollm2", "--out", str(out), "--layers", "2", "--no-figures"]) == 2
+
+
+def test_ranks_split_sessions_and_rank0_merges(run_dir, tmp_path, monkeypatch):
+    run, sessions = run_dir
+    out = tmp_path / "attn"
+    common = ["--replies", "reference", "--no-figures", "--sessions", ",".join(str(s.system_id) for s in sessions[:2])]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert _run(run, out, *common) == 0
+    assert not (out / "turn_shares.jsonl").exists()
+    assert [p.name for p in (out / "sessions").glob("*.npz")] == [f"{sessions[1].system_id:04d}.system.npz"]
+    monkeypatch.setenv("RANK", "0")
+    assert _run(run, out, *common, "--wait-timeout", "5") == 0
+    rows = read_turn_table(out / "turn_shares.jsonl")
+    # Reference replies exist for turns 1-2 only in the shared data.
+    assert {(r.system_id, r.turn) for r in rows} == {(s.system_id, t) for s in sessions[:2] for t in (1, 2)}
+    analysis = json.loads((out / "analysis.json").read_text())
+    assert analysis["n_sessions"] == 2
+    written = main(["attention-plot", str(out), str(out), "--names", "a,b", "--out", str(tmp_path / "fig"), "--layer", "layer3"])
+    assert written == 0 and (tmp_path / "fig" / "turn_means_layer3.pdf").exists()
+
+
+def test_correlation_and_helpers():
+    rows, judgments = [], {}
+    rng = np.random.default_rng(0)
+    for sid in range(1, 21):
+        for turn in range(1, 6):
+            share = float(rng.uniform(0, 1))
+            passed = share > 0.5
+            for condition, value in (("system", share), ("control", share - 0.1)):
+                rows.append(TurnShare(sid, condition, 5, "mid", turn, 10, 5, value, value, value, value))
+            judgments[(sid, turn)] = JudgmentRecord(
+                sid, turn, {"1": Verdict("是", "yes" if passed else "no", "format"), "2": Verdict("不适用", "other", "style")}
+            )
+    result = correlate_with_verdicts(rows, judgments, n_boot=100)
+    stats = result["layers"]["mid"]["turn_pass"]
+    assert stats["n"] == 100 and stats["r_point_biserial"] > 0.7
+    assert stats["ci95"][0] > 0.5 and stats["mean_share_pass"] > stats["mean_share_fail"]
+    assert set(result["layers"]["mid"]["by_type"]) == {"format"}
+    assert correlate_with_verdicts(rows, {})["status"] == "skipped"
+    diff = compare_conditions(rows, n_boot=50)["layers"]["mid"]["1"]
+    assert diff["n_paired"] == 20 and abs(diff["diff_mean"] - 0.1) < 1e-9 and diff["diff_ci95"][0] > 0.09
+    assert np.allclose(moving_average(np.array([0.0, 3.0, 0.0, 3.0]), 3), [1.5, 1.0, 2.0, 1.5])
+    index, x = normalized_axis(np.array([[2, 4], [4, 8]]))
+    assert list(index) == [2, 3, 4, 5, 6, 7] and np.allclose(x, [0, 0.5, 1, 1.25, 1.5, 1.75])

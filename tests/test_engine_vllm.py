@@ -1,0 +1,276 @@
+"""The vllm engine: pure helpers and the replica pool (fast), then real vLLM on the CPU (marked ``vllm``).
+
+Real vLLM runs in subprocesses (it spawns workers and needs a ``__main__`` guard).
+They hold ``/tmp/vllm.lock`` so that two test sessions on one machine never start
+vLLM at the same time (its CPU build takes a fixed share of memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import pytest
+
+from sysbench_gpu.engines.base import Completion, SamplingSpec
+from sysbench_gpu.engines.vllm_engine import (
+    ReplicaPool,
+    VLLMEngine,
+    assign_replicas,
+    replica_device_groups,
+    session_key,
+)
+from sysbench_gpu.errors import SysbenchError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+# --- a stand-in backend for the replica pool (runs in spawned processes) -------------
+
+
+class EchoBackend:
+    """Answers with its replica's CUDA_VISIBLE_DEVICES and the last user message."""
+
+    def __init__(self, model: str, **options: Any) -> None:
+        if model == "fail-to-load":
+            raise RuntimeError("weights not found")
+        self.devices = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        self.served = 0
+
+    def chat(self, conversations: Sequence[Sequence[dict[str, str]]], sampling: SamplingSpec) -> list[Completion]:
+        if any(c[-1]["content"] == "boom" for c in conversations):
+            raise SysbenchError("session 9, turn 2: exploded")
+        self.served += len(conversations)
+        return [
+            Completion(text=f"{c[-1]['content']}@{self.devices}", prompt_tokens=len(c), output_tokens=1)
+            for c in conversations
+        ]
+
+    def count_prompt_tokens(self, conversation: Sequence[dict[str, str]]) -> int:
+        return sum(len(m["content"].split()) for m in conversation)
+
+    def supports_system_role(self) -> bool:
+        return True
+
+    def runtime_info(self) -> dict[str, Any]:
+        return {"max_model_len": 4096, "served": self.served, "devices": self.devices}
+
+    def close(self) -> None:
+        pass
+
+
+ECHO = "test_engine_vllm:EchoBackend"
+
+
+def session(system: str, *turns: str) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": system}]
+    for index, user in enumerate(turns):
+        if index:
+            messages.append({"role": "assistant", "content": f"reply {index}"})
+        messages.append({"role": "user", "content": user})
+    return messages
+
+
+# --- pure helpers ------------------------------------------------------------------
+
+
+def test_assign_replicas_balances_new_sessions_and_keeps_old_ones_sticky() -> None:
+    sticky: dict[str, int] = {}
+    first = assign_replicas(["a", "b", "c", "d", "e"], 2, sticky)
+    assert first == [0, 1, 0, 1, 0]
+    # Next turn: "b" finished, order changed, a new session "f" arrives.
+    second = assign_replicas(["e", "a", "f", "d", "c"], 2, sticky)
+    assert second[:2] == [0, 0] and second[3:] == [1, 0]
+    assert second[2] == 1  # the less loaded replica
+    # Several turns of one session in one call (reference history) stay together.
+    sticky = {}
+    assert assign_replicas(["s1", "s1", "s2", "s2", "s3"], 2, sticky) == [0, 0, 1, 1, 0]
+
+
+def test_session_key_ignores_later_turns() -> None:
+    assert session_key(session("sys", "q1")) == session_key(session("sys", "q1", "q2", "q3"))
+    assert session_key(session("sys", "q1")) != session_key(session("sys", "other"))
+
+
+def test_replica_device_groups() -> None:
+    assert replica_device_groups(2, 2, ["0", "1", "2", "3"]) == [["0", "1"], ["2", "3"]]
+    assert replica_device_groups(4, 1, ["4", "5", "6", "7"]) == [["4"], ["5"], ["6"], ["7"]]
+    with pytest.raises(SysbenchError, match="need 8 GPUs, but 4 are visible"):
+        replica_device_groups(4, 2, ["0", "1", "2", "3"])
+
+
+def test_invalid_layouts_are_refused_before_loading() -> None:
+    with pytest.raises(SysbenchError, match="external_launcher"):
+        VLLMEngine("m", data_parallel_size=2, distributed_executor_backend="external_launcher")
+    with pytest.raises(SysbenchError, match="tensor_parallel_size"):
+        VLLMEngine("m", tensor_parallel_size=0)
+    with pytest.raises(SysbenchError, match="gpu_memory_utilization"):
+        VLLMEngine("m", gpu_memory_utilization=1.5)
+
+
+def test_external_launcher_rank_decides_the_primary(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.setenv("RANK", "2")
+    engine = VLLMEngine("m", distributed_executor_backend="external_launcher", replica_factory=ECHO)
+    assert engine.is_primary is False
+    monkeypatch.setenv("RANK", "0")
+    engine = VLLMEngine("m", distributed_executor_backend="external_launcher", replica_factory=ECHO)
+    assert engine.is_primary is True
+
+
+# --- the data-parallel pool with the stand-in backend --------------------------------
+
+
+def test_data_parallel_pool_splits_gathers_in_order_and_pins_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    engine = VLLMEngine("echo", data_parallel_size=2, tensor_parallel_size=2, replica_factory=ECHO)
+    try:
+        described = engine.describe()
+        assert described["replica_gpus"] == ["4,5", "6,7"] and described["data_parallel_size"] == 2
+        assert engine.context_length() == 4096 and engine.supports_system_role()
+        assert engine.count_prompt_tokens(session("one two", "three")) == 3
+        turn1 = [session(f"system {i}", f"q{i}.1") for i in range(5)]
+        first = engine.chat(turn1, SamplingSpec(max_tokens=4))
+        assert [c.text.split("@")[0] for c in first] == [f"q{i}.1" for i in range(5)]
+        devices = {i: c.text.split("@")[1] for i, c in enumerate(first)}
+        assert sorted(set(devices.values())) == ["4,5", "6,7"]  # both replicas worked
+        # Turn 2 in a different order: every session returns to its replica (its prefix cache).
+        order = [3, 0, 4, 1, 2]
+        turn2 = [session(f"system {i}", f"q{i}.1", f"q{i}.2") for i in order]
+        second = engine.chat(turn2, SamplingSpec(max_tokens=4))
+        assert [c.text.split("@")[0] for c in second] == [f"q{i}.2" for i in order]
+        assert [c.text.split("@")[1] for c in second] == [devices[i] for i in order]
+        assert all("replica" in c.extra for c in second)
+        with pytest.raises(SysbenchError, match="replica .* failed while chat: session 9, turn 2: exploded"):
+            engine.chat([session("system 0", "boom")], SamplingSpec())
+    finally:
+        engine.close()
+
+
+def test_a_replica_that_fails_to_load_is_a_clear_error() -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    try:
+        with pytest.raises(SysbenchError, match="replica 0 failed while starting: RuntimeError: weights not found"):
+            ReplicaPool(ECHO, {"model": "fail-to-load"}, [{}])
+    finally:
+        sys.path.remove(str(Path(__file__).parent))
+
+
+# --- real vLLM on the CPU --------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def vllm_lock() -> Iterator[None]:
+    with open("/tmp/vllm.lock", "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def vllm_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache; the CPU build's default is far larger
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_logged(command: list[str], log_path: Path, timeout: float) -> None:
+    with open(log_path, "w", encoding="utf-8") as log, vllm_lock():
+        result = subprocess.run(command, cwd=REPO_ROOT, env=vllm_env(), stdout=log, stderr=subprocess.STDOUT,
+                                timeout=timeout)
+    if result.returncode != 0:
+        tail = log_path.read_text(encoding="utf-8", errors="replace")[-4000:]
+        pytest.fail(f"{' '.join(command)} exited {result.returncode}:\n{tail}")
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")
+def test_vllm_smoke_on_cpu(tmp_path: Path, smollm2_path: str) -> None:
+    report_path = tmp_path / "smoke.json"
+    run_logged([sys.executable, str(REPO_ROOT / "tests" / "vllm_smoke.py"), str(report_path)],
+               tmp_path / "smoke.log", timeout=600)
+    report = json.loads(report_path.read_text(encoding="utf-8"))
+    print(f"vllm smoke: load {report['load_s']:.1f} s, total {report['total_s']:.1f} s")
+
+    assert report["context_length"] == 2048 and report["supports_system_role"] and report["is_primary"]
+    described = report["describe"]
+    assert described["enable_prefix_caching"] is True and described["vllm_version"]
+    assert described["defaults"]["max_tokens"] == report["defaults"]["expected_default_max_tokens"]
+
+    batch = report["batch"]
+    assert len(batch) == 3
+    for item in batch:
+        assert item["text"] and 1 <= item["output_tokens"] <= 8
+        assert item["prompt_tokens"] == item["counted_prompt_tokens"]  # our count matches vLLM's prompt
+        assert item["finish_reason"] in ("stop", "length")
+        assert item["cached_prompt_tokens"] is not None
+    # Requests 1 and 3 share the long system prompt: at least one of them is served from the cache.
+    assert batch[0]["cached_prompt_tokens"] + batch[2]["cached_prompt_tokens"] > 0
+    # The follow-up turn reuses the first turn's blocks (the CPU build caches whole 128-token blocks here).
+    follow = report["follow_up"]
+    assert 0 < follow["cached_prompt_tokens"] < follow["prompt_tokens"]
+
+    verdicts = json.loads(report["json"]["text"])  # constrained decoding: always parses
+    assert set(verdicts) == {"1", "2"} and set(verdicts.values()) <= {"yes", "no"}
+
+    assert report["seeded"]["alone"] == report["seeded"]["in_company"]
+    assert report["defaults"]["default_max_tokens"] == report["defaults"]["expected_default_max_tokens"]
+    assert report["defaults"]["explicit"] == [5, 0.2, 3]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")
+def test_generate_end_to_end_under_torchrun(tmp_path: Path, sessions_file: Path, smollm2_path: str) -> None:
+    """`sysbench-gpu generate --engine vllm --model smollm2`, 2 sessions x 5 turns, as launch/ starts it with torchrun.
+
+    One rank with vLLM's external launcher keeps vLLM in this one process (the
+    default layout, vLLM's own engine and worker processes, runs in the smoke test).
+    Sessions 289 and 461 have the shortest prompts of the shared file (~230 tokens at
+    turn 1), which keeps CPU prefill short while still filling whole 128-token cache blocks.
+    """
+    out = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-port", str(free_port()),
+        "-m", "sysbench_gpu", "generate", "--data", str(sessions_file), "--engine", "vllm", "--model", "smollm2",
+        "--out", str(out), "--sessions", "289,461", "--max-tokens", "8", "--no-progress", "--max-model-len", "4096",
+        "--enforce-eager", "--distributed-executor-backend", "external_launcher",
+    ]
+    run_logged(command, tmp_path / "generate.log", timeout=600)
+
+    from sysbench_gpu.runstore import RunDir
+
+    run = RunDir(out)
+    records = run.generations.read()
+    assert sorted({turn for _, turn in records}) == [1, 2, 3, 4, 5] and len(records) == 10
+    for (system_id, turn), record in records.items():
+        assert record.status == "ok" and record.response is not None
+        assert 1 <= (record.output_tokens or 0) <= 8 and record.prompt_tokens
+        assert record.finish_reason in ("stop", "length")
+        if turn > 1:
+            # The history this turn shares with the previous one comes from the prefix cache.
+            assert record.cached_prompt_tokens and record.cached_prompt_tokens > 0
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    described = json.dumps(manifest)
+    assert "external_launcher" in described and "enable_prefix_caching" in described
+    stats = json.loads(run.stats_path.read_text(encoding="utf-8"))
+    assert stats["totals"]["requests"] == 10 and stats["totals"]["output_tokens"] <= 80
+    assert stats["totals"]["cached_prompt_tokens"] > 0
