@@ -12,9 +12,8 @@ Reported:
   Cohen's kappa of "yes" against "not yes" (only "yes" satisfies a constraint),
   overall and per constraint type;
 - per turn: agreement and kappa of pass/fail (a turn fails when a verdict is no);
-- the effect on CSR / ISR / SSR: both runs restricted to the sessions whose every
-  turn both have judged, scored by the metrics module (unparsed turns excluded
-  there, and counted above).
+- the effect on CSR / ISR / SSR: both runs restricted to the sessions for whose
+  every turn both have usable verdicts, scored by the metrics module.
 
 Turns that either run could not judge (``unparsed``, ``skipped``) are counted and
 left out of the verdict comparison. A verdict a record lacks for a checklist item
@@ -31,7 +30,7 @@ from typing import Any, Sequence
 
 from sysbench_gpu.data import TYPE_ORDER, Session
 from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.runstore import MANIFEST, GenerationRecord, JudgmentRecord, RunDir, session_to_upstream, write_json_atomic
+from sysbench_gpu.runstore import MANIFEST, JudgmentRecord, RunDir, session_to_upstream, write_json_atomic
 
 USABLE_STATUSES = ("ok", "imported")
 VALUES = ("yes", "no", "other")
@@ -73,7 +72,7 @@ def _load(path: Path) -> tuple[RunDir, dict[int, Session], dict, dict]:
     return run, sessions, run.generations.read(), run.judgments.read()
 
 
-def compare_runs(path_a: str | Path, path_b: str | Path, exclude_unparsed: bool = True) -> dict[str, Any]:
+def compare_runs(path_a: str | Path, path_b: str | Path) -> dict[str, Any]:
     run_a, sessions_a, gens_a, judg_a = _load(Path(path_a))
     run_b, sessions_b, gens_b, judg_b = _load(Path(path_b))
     common = sorted(set(judg_a) & set(judg_b) & set(gens_a) & set(gens_b))
@@ -99,6 +98,7 @@ def compare_runs(path_a: str | Path, path_b: str | Path, exclude_unparsed: bool 
     by_type: dict[str, list[tuple[str, str]]] = defaultdict(list)
     turn_pairs: list[tuple[bool, bool]] = []
     unusable = {"a": Counter(), "b": Counter()}
+    usable_keys: set[tuple[int, int]] = set()
     for key in common:
         rec_a, rec_b = judg_a[key], judg_b[key]
         usable = True
@@ -108,6 +108,7 @@ def compare_runs(path_a: str | Path, path_b: str | Path, exclude_unparsed: bool 
                 usable = False
         if not usable:
             continue
+        usable_keys.add(key)
         for constraint in sessions_a[key[0]].turn(key[1]).constraints:
             pair = (_value(rec_a, constraint.id), _value(rec_b, constraint.id))
             overall.append(pair)
@@ -131,7 +132,7 @@ def compare_runs(path_a: str | Path, path_b: str | Path, exclude_unparsed: bool 
             "pass_rate_a": _rate(sum(a for a, _ in turn_pairs), len(turn_pairs)),
             "pass_rate_b": _rate(sum(b for _, b in turn_pairs), len(turn_pairs)),
         },
-        "metrics": _metrics_effect(run_a, run_b, sessions_a, common, exclude_unparsed),
+        "metrics": _metrics_effect(run_a, run_b, sessions_a, usable_keys),
     }
     return report
 
@@ -154,12 +155,11 @@ def _judge_name(judgments: dict, keys: Sequence[tuple[int, int]]) -> str | None:
 # ----------------------------------------------------------------------------- metrics effect
 
 
-def _metrics_effect(run_a: RunDir, run_b: RunDir, sessions: dict[int, Session], common: Sequence[tuple[int, int]], exclude_unparsed: bool) -> dict[str, Any]:
-    """CSR / ISR / SSR of both runs on the sessions whose every turn both have judged."""
-    common_set = set(common)
-    full = [s for s in sessions.values() if all((s.system_id, t.index) in common_set for t in s.turns)]
+def _metrics_effect(run_a: RunDir, run_b: RunDir, sessions: dict[int, Session], usable: set[tuple[int, int]]) -> dict[str, Any]:
+    """CSR / ISR / SSR of both runs on the sessions whose every turn both have usable verdicts for."""
+    full = [s for s in sessions.values() if all((s.system_id, t.index) in usable for t in s.turns)]
     if not full:
-        return {"sessions": 0, "note": "no session is judged in full by both runs"}
+        return {"sessions": 0, "note": "no session has usable verdicts for every turn in both runs"}
     try:
         from sysbench_gpu.metrics import run_metrics
     except ImportError:
@@ -170,7 +170,7 @@ def _metrics_effect(run_a: RunDir, run_b: RunDir, sessions: dict[int, Session], 
         for side, run in (("a", run_a), ("b", run_b)):
             subset = _subset_run(run, full, keys, Path(tmp) / side)
             try:
-                result = run_metrics(subset.path, exclude_unparsed=exclude_unparsed)
+                result = run_metrics(subset.path, resamples=1)  # point values only
             except SysbenchError as error:
                 return {"sessions": len(full), "error": f"run {side}: {error}"}
             scores[side] = headline(result)
@@ -216,13 +216,17 @@ def _fmt(value: float | None, percent: bool = True) -> str:
     return f"{100 * value:.1f}%" if percent else f"{value:.3f}"
 
 
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{name} {n}" for name, n in counts.items()) or "none"
+
+
 def format_report(report: dict[str, Any]) -> str:
     c, t = report["constraints"], report["turns"]
     lines = [
         f"A: {report['run_a']['path']}  (judge {report['run_a']['judge']})",
         f"B: {report['run_b']['path']}  (judge {report['run_b']['judge']})",
         f"turns compared {report['turns_compared']} of {report['turns_common']} in common"
-        f"  (unusable: A {report['unusable_turns']['a'] or 0}, B {report['unusable_turns']['b'] or 0};"
+        f"  (unusable: A {_counts(report['unusable_turns']['a'])}, B {_counts(report['unusable_turns']['b'])};"
         f" only in A {report['turns_only_in_a']}, only in B {report['turns_only_in_b']})",
         "",
         f"{'':12} {'n':>6} {'agree':>7} {'yes-agree':>9} {'kappa':>7}",
@@ -237,7 +241,7 @@ def format_report(report: dict[str, Any]) -> str:
     m = report["metrics"]
     lines.append("")
     if "a" in m:
-        lines.append(f"metrics on {m['sessions']} session(s) judged in full by both:  A -> B (B - A)")
+        lines.append(f"metrics on {m['sessions']} session(s) with usable verdicts for every turn in both:  A -> B (B - A)")
         for name in ("csr", "isr", "ssr"):
             a, b, d = m["a"][name], m["b"][name], m["b_minus_a"][name]
             delta = "n/a" if d is None else f"{100 * d:+.1f} pts"

@@ -281,6 +281,8 @@ def cmd_attention(args: argparse.Namespace) -> int:
     conditions = ("system", "control") if args.control else ("system",)
     out = Path(args.out)
     dist = Distributed.from_env()
+    if args.device_map and dist.world > 1:
+        raise SysbenchError("--device-map spreads one model over all GPUs in one process; do not combine it with torchrun ranks")
     settings = {
         "run_dir": str(Path(args.run_dir).resolve()),
         "model": args.model,
@@ -302,7 +304,7 @@ def cmd_attention(args: argparse.Namespace) -> int:
         measure_sessions(args, run, todo, generations, replies, out, dist, settings)
     mark = out / "shards" / f"{dist.tag}.done"
     mark.parent.mkdir(parents=True, exist_ok=True)
-    mark.write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n", encoding="utf-8")
+    mark.write_text(launch_id() + "\n", encoding="utf-8")
     if dist.rank != 0:
         return 0
     wait_for_ranks(out, dist, args.wait_timeout)
@@ -434,14 +436,27 @@ def _sha256(text: Any) -> str | None:
     return hashlib.sha256(str(text).encode("utf-8")).hexdigest() if text else None
 
 
+def launch_id() -> str:
+    """Identifies one torchrun launch (shared by its ranks), so stale done markers of an earlier launch are ignored."""
+    return os.environ.get("TORCHELASTIC_RUN_ID", "")
+
+
+def _rank_done(out: Path, rank: int, world: int) -> bool:
+    mark = out / "shards" / f"rank{rank}-of-{world}.done"
+    try:
+        return mark.read_text(encoding="utf-8").strip() == launch_id()
+    except FileNotFoundError:
+        return False
+
+
 def wait_for_ranks(out: Path, dist: Distributed, timeout: float) -> None:
     if dist.world == 1:
         return
     deadline = time.monotonic() + timeout
-    pending = [r for r in range(dist.world) if not (out / "shards" / f"rank{r}-of-{dist.world}.done").exists()]
+    pending = [r for r in range(dist.world) if not _rank_done(out, r, dist.world)]
     while pending and time.monotonic() < deadline:
         time.sleep(2.0)
-        pending = [r for r in pending if not (out / "shards" / f"rank{r}-of-{dist.world}.done").exists()]
+        pending = [r for r in pending if not _rank_done(out, r, dist.world)]
     if pending:
         log.warning("ranks %s did not finish within %.0f s; merging what exists", pending, timeout)
 

@@ -25,7 +25,6 @@ detected (its layers never report) and refused with a clear error.
 from __future__ import annotations
 
 import logging
-import math
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
@@ -42,7 +41,8 @@ IMPL_PREFIX = "sysbench_share_"
 DEFAULT_BUDGET_BYTES = 256 << 20
 MAX_Q_CHUNK = 1024
 MAX_K_CHUNK = 4096
-# Live fp32 tensors of size heads x q_chunk x k_chunk at the peak: scores, exp(scores), mask/temporaries.
+# Live fp32 blocks of size heads x q_chunk x k_chunk at the peak (scores, updated in place, plus
+# temporaries such as a broadcast mask or a span slice reduction): budget three.
 _LIVE_BLOCKS = 3
 
 
@@ -155,40 +155,38 @@ def span_share(
         for k0 in range(k_start, k_stop, k_chunk):
             k1 = min(k0 + k_chunk, k_stop)
             k_block = key[:, :, k0:k1].float().unsqueeze(2)  # [B, KVH, 1, K, D]
-            scores = torch.matmul(q_block, k_block.transpose(-1, -2)) * scale  # [B, KVH, G, C, K]
+            scores = torch.matmul(q_block, k_block.transpose(-1, -2)).mul_(scale)  # [B, KVH, G, C, K]
             if softcap:
-                scores = torch.tanh(scores / softcap) * softcap
+                scores = scores.div_(softcap).tanh_().mul_(softcap)
             if mask_view is not None:
                 block_mask = mask_view[..., q0:q1, k0:k1]
                 if block_mask.dtype == torch.bool:
-                    scores = scores.masked_fill(~block_mask, neg_inf)
+                    scores.masked_fill_(~block_mask, neg_inf)
                 else:
-                    scores = scores + block_mask.float()
-            if mask_view is None or causal:
+                    scores.add_(block_mask)
+            # Causal/window masking only where the block crosses the diagonal or the window edge.
+            crosses_diagonal = causal and k1 - 1 > q0 + offset
+            crosses_window = bool(sliding_window) and mask_view is None and q1 - 1 + offset - k0 >= int(sliding_window)
+            if crosses_diagonal or crosses_window:
                 k_pos = torch.arange(k0, k1, device=device)
-                visible = None
-                if causal:
-                    visible = k_pos[None, :] <= q_pos[:, None]
-                if sliding_window and mask_view is None:
-                    in_window = (q_pos[:, None] - k_pos[None, :]) < int(sliding_window)
-                    visible = in_window if visible is None else visible & in_window
-                if visible is not None:
-                    scores = scores.masked_fill(~visible, neg_inf)
+                visible = k_pos[None, :] <= q_pos[:, None]
+                if crosses_window:
+                    visible = visible & ((q_pos[:, None] - k_pos[None, :]) < int(sliding_window))
+                scores.masked_fill_(~visible, neg_inf)
             block_max = scores.amax(dim=-1)
             new_max = torch.maximum(running_max, block_max)
             # Rows with nothing visible yet keep -inf; shift by 0 there to avoid inf - inf.
             shift = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
             rescale = torch.exp(running_max - shift)
-            weights = torch.exp(scores - shift.unsqueeze(-1))
-            del scores
+            weights = scores.sub_(shift.unsqueeze(-1)).exp_()  # in place: no second block
             total = total * rescale + weights.sum(dim=-1)
             acc = acc * rescale.unsqueeze(-1)
             for index, (start, end) in enumerate(spans):
                 lo, hi = max(start, k0), min(end, k1)
                 if lo < hi:
                     acc[..., index] += weights[..., lo - k0 : hi - k0].sum(dim=-1)
+            del scores, weights
             running_max = new_max
-            del weights
         safe_total = torch.where(total > 0, total, torch.ones_like(total))
         out[:, :, :, q0:q1] = torch.where((total > 0).unsqueeze(-1), acc / safe_total.unsqueeze(-1), torch.zeros_like(acc))
     return out.reshape(batch, heads, t_q, n_spans)
@@ -515,8 +513,3 @@ def eager_reference_shares(attentions: "torch.Tensor", spans: Sequence[tuple[int
 
     columns = [attentions[..., a:b].float().sum(dim=-1) for a, b in spans]
     return torch.stack(columns, dim=-1)
-
-
-def exclusion_share(system: Any, lead: Any) -> Any:
-    """System share renormalized without the template's leading tokens: s / (1 - lead)."""
-    return system / (1.0 - lead).clip(min=math.ulp(1.0))

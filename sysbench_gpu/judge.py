@@ -44,10 +44,10 @@ from sysbench_gpu.judge_prompt import HistoryMessage, JudgeTemplate, load_templa
 from sysbench_gpu.runstore import (
     GENERATIONS,
     MANIFEST,
-    SESSIONS,
     GenerationRecord,
     JudgmentRecord,
     RunDir,
+    session_to_upstream,
     utc_now,
     write_json_atomic,
 )
@@ -741,8 +741,6 @@ def prepare_rejudge(source: RunDir, out: Path, limit: int | None, system_ids: Se
     if limit is None and system_ids is None:
         shutil.copyfile(source.sessions_path, target.sessions_path)
     else:
-        from sysbench_gpu.runstore import session_to_upstream
-
         write_json_atomic(target.sessions_path, [session_to_upstream(s) for s in chosen])
     target.generations.append(sorted(generations, key=lambda r: r.key), existing=set())
     src_manifest = source.read_manifest()

@@ -129,7 +129,7 @@ def test_texts_that_also_occur_in_the_template_are_located_exactly(tokenizer, co
     assert _decode(tokenizer, ids, layout.system) == "system"
     assert [_decode(tokenizer, ids, span) for span in layout.replies] == ["assistant", "im_end", "user"]
     assert [_decode(tokenizer, ids, span) for span in layout.users[1:]] == ["system", "im_start"]
-    assert _decode(tokenizer, ids, (layout.replies[0][0] - 3, layout.replies[0][0])) == "<|im_start|>assistant\n"
+    assert _decode(tokenizer, ids, (0, layout.replies[0][0])).endswith("<|im_start|>assistant\n")
 
 
 def test_fit_layout_drops_trailing_turns(tokenizer):

@@ -107,12 +107,15 @@ def test_attention_end_to_end_resumes(run_dir, tmp_path, capsys):
 def test_ranks_split_sessions_and_rank0_merges(run_dir, tmp_path, monkeypatch):
     run, sessions = run_dir
     out = tmp_path / "attn"
-    common = ["--replies", "reference", "--no-figures", "--sessions", ",".join(str(s.system_id) for s in sessions[:2])]
+    common = ["--replies", "reference", "--no-figures", "--per-head", "--store-dtype", "float16", "--sessions", ",".join(str(s.system_id) for s in sessions[:2])]
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     assert _run(run, out, *common) == 0
     assert not (out / "turn_shares.jsonl").exists()
     assert [p.name for p in (out / "sessions").glob("*.npz")] == [f"{sessions[1].system_id:04d}.system.npz"]
+    stored = np.load(out / "sessions" / f"{sessions[1].system_id:04d}.system.npz")
+    assert stored["per_head"].shape == (2, 9, len(stored["token_ids"]), 2) and stored["shares"].dtype == np.float16
+    assert np.allclose(stored["per_head"].astype(np.float32).mean(axis=1), stored["shares"], atol=2e-3)
     monkeypatch.setenv("RANK", "0")
     assert _run(run, out, *common, "--wait-timeout", "5") == 0
     rows = read_turn_table(out / "turn_shares.jsonl")
