@@ -534,7 +534,7 @@ def read_manifest(out: Path) -> dict[str, Any]:
 
 
 def draw_figures(dirs: Sequence[Path], figure_dir: Path, names: Sequence[str] | None, session: int | None, layer_label: str | None = None) -> list[Path]:
-    from sysbench_gpu.attn_analysis import plot_token_shares, plot_turn_means, read_turn_table
+    from sysbench_gpu.attn_analysis import layer_name, plot_token_shares, plot_turn_means, read_turn_table
 
     tables = []
     manifests = [read_manifest(d) for d in dirs]
@@ -569,7 +569,7 @@ def draw_figures(dirs: Sequence[Path], figure_dir: Path, names: Sequence[str] | 
                 continue
             written += plot_token_shares(
                 series, int(layer), figure_dir / f"token_shares_{wanted}_{label}",
-                title=f"{tables[0][0]}, session {wanted}, {label} layer ({layer})",
+                title=f"{tables[0][0]}, session {wanted}, {layer_name(label, int(layer))}",
             )
     for path in written:
         log.info("figure %s", path)

@@ -353,12 +353,19 @@ def plot_turn_means(
     ax.set_xlabel("turn")
     ax.set_xticks(sorted({row.turn for _, rows in tables for row in rows}))
     ax.set_ylabel(f"mean {metric.replace('_', ' ')}")
-    ax.set_title(f"system text's share of attention ({layer_label} layer)")
+    ax.set_title(f"system text's share of attention ({layer_name(layer_label)})")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=7, frameon=False)
     paths = _save(fig, base)
     plt.close(fig)
     return paths
+
+
+def layer_name(label: str, index: int | None = None) -> str:
+    """'mid' -> 'mid layer (15)', 'layer3' -> 'layer 3'."""
+    if label.startswith("layer"):
+        return f"layer {label[5:]}"
+    return f"{label} layer" + (f" ({index})" if index is not None else "")
 
 
 def finite_or_none(value: float | None) -> float | None:

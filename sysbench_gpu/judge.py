@@ -28,10 +28,11 @@ import argparse
 import json
 import logging
 import math
+import os
 import shutil
 import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -293,6 +294,7 @@ class JudgeSettings:
     max_reasoning_chars: int | None = 2000  # guided decoding only
     cache_dir: Path | None = None  # None: no cache
     concurrency: int = 8
+    retry_round: int = 0  # > 0 after --retry-unparsed: new cache keys, so failed questions are asked anew
 
     def sampling(self, attempt: int, numbers: Sequence[int] | None = None) -> SamplingSpec:
         schema = None
@@ -378,6 +380,7 @@ class JudgeSummary:
     not_generated: int = 0
     requests: int = 0
     cache_hits: int = 0
+    retried_unparsed: int = 0  # unparsed records set aside by --retry-unparsed
     api_errors: list[str] = field(default_factory=list)
 
 
@@ -413,7 +416,7 @@ def _cache_lookup(cache: JudgeCache | None, settings: JudgeSettings, task: Judge
         settings.model,
         settings.template.sha256,
         task.prompt,
-        {**sampling.explicit(), "attempt": attempt},
+        {**sampling.explicit(), "attempt": attempt, **({"retry_round": settings.retry_round} if settings.retry_round else {})},
     )
     return key, cache.get(key)
 
@@ -564,6 +567,49 @@ def _drop_overlong(states: list[_TaskState], engine: Any, settings: JudgeSetting
     return keep
 
 
+RETRIED = "judgments.retried.jsonl"
+
+
+def set_aside_unparsed(run: RunDir, system_ids: set[int]) -> int:
+    """Move the ``unparsed`` records of these sessions out of judgments.jsonl (kept in RETRIED).
+
+    The kept lines are rewritten byte for byte into a temporary file that replaces
+    the original atomically; the moved ones are appended to RETRIED first, so a
+    crash in between loses nothing (at worst a record is in both files).
+    """
+    path = run.judgments.path
+    if not path.is_file():
+        return 0
+    run.judgments.read()  # validates the file (and tolerates a torn last line)
+    kept: list[bytes] = []
+    moved: list[bytes] = []
+    for line in path.read_bytes().splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            continue  # a torn last line: dropped, as the store does
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            kept.append(line)
+            continue
+        if obj.get("parse_status") == "unparsed" and obj.get("system_id") in system_ids:
+            moved.append(line)
+        else:
+            kept.append(line)
+    if not moved:
+        return 0
+    with open(run.path / RETRIED, "ab") as handle:
+        handle.write(b"".join(moved))
+        handle.flush()
+        os.fsync(handle.fileno())
+    temp = path.with_name(path.name + ".tmp")
+    with open(temp, "wb") as handle:
+        handle.write(b"".join(kept))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temp, path)
+    return len(moved)
+
+
 def _check_consistent(existing: dict, settings: JudgeSettings, run: RunDir) -> None:
     """Refuse to mix judges or templates inside one run's judgments."""
     for record in existing.values():
@@ -585,17 +631,31 @@ def judge_run(
     limit: int | None = None,
     show_progress: bool = True,
     system_ids: Sequence[int] | None = None,
+    retry_unparsed: bool = False,
 ) -> JudgeSummary:
-    """Judge every pending turn of ``run``; the engine is built only when there is work."""
+    """Judge every pending turn of ``run``; the engine is built only when there is work.
+
+    ``retry_unparsed`` first sets the chosen sessions' ``unparsed`` records aside
+    (into ``judgments.retried.jsonl``) and asks those turns again under a new cache
+    round, so the replies that failed are not replayed from the cache.
+    """
     run.require()
     sessions = run.load_sessions()
     generations = run.generations.read()
     existing = run.judgments.read()
     _check_consistent(existing, settings, run)
+    retried = 0
+    if retry_unparsed:
+        chosen = {s.system_id for s in select_sessions(sessions, system_ids, limit)}
+        retried = set_aside_unparsed(run, chosen)
+        if retried:
+            previous = run.read_manifest().get("stages", {}).get("judge", {}).get("retry_rounds", 0)
+            settings = replace(settings, retry_round=int(previous) + 1)
+            existing = run.judgments.read()
     plan = plan_judging(
         sessions, generations, set(existing), settings.template, limit, settings.model, imported_history_mode(run), system_ids
     )
-    summary = JudgeSummary(already_judged=plan.already_judged, not_generated=plan.not_generated)
+    summary = JudgeSummary(already_judged=plan.already_judged, not_generated=plan.not_generated, retried_unparsed=retried)
     ledger = JudgeLedger.load(run.path / LEDGER, settings.model)
     recorder = _Recorder(run, ledger, summary)
     recorder.write(plan.skipped)
@@ -620,6 +680,8 @@ def judge_run(
     summary.cache_hits = ledger.cache_hits - hits_before
     ledger.save()
     _write_manifest(run, settings, summary, engine_info, started, limit, system_ids)
+    if retried:
+        run.update_manifest(stage="judge", retry_rounds=settings.retry_round)
     if summary.api_errors:
         first = summary.api_errors[0]
         raise SysbenchError(
@@ -791,6 +853,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="extra engine constructor option for vllm/hf (VALUE read as JSON when it parses)")
     parser.add_argument("--dry-run", action="store_true", help="print requests, tokens and cost; send nothing")
     parser.add_argument("--no-cache", action="store_true", help="bypass the reply cache")
+    parser.add_argument("--retry-unparsed", action="store_true",
+                        help="ask the turns recorded unparsed again (old records move to judgments.retried.jsonl)")
     parser.add_argument("--cache-dir", help=f"reply cache folder (default RUN_DIR/{CACHE_DIRNAME})")
     parser.add_argument("--rejudge", action="store_true", help="copy RUN_DIR's sessions and generations to --out and judge there")
     parser.add_argument("--out", help="with --rejudge: the new run directory")
@@ -902,7 +966,14 @@ def main(args: argparse.Namespace) -> int:
     # A rejudge copy holds only the chosen sessions.
     limit = None if args.rejudge else args.limit
     chosen_ids = None if args.rejudge else system_ids
-    summary = judge_run(run, settings, make_engine_factory(args, settings), limit=limit, system_ids=chosen_ids)
+    summary = judge_run(
+        run,
+        settings,
+        make_engine_factory(args, settings),
+        limit=limit,
+        system_ids=chosen_ids,
+        retry_unparsed=args.retry_unparsed,
+    )
     print(
         f"{run.path}: judged {summary.judged}, unparsed {summary.unparsed}, skipped {summary.skipped}, "
         f"already judged {summary.already_judged}, not generated {summary.not_generated}; "

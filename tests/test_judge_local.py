@@ -104,6 +104,14 @@ def test_batched_rounds_one_call_each_and_resume(tmp_path, dataset):
     judge_run(run, _local_settings(run, "hf"), lambda: again, show_progress=False)
     assert again.calls == [] and len(run.judgments.read()) == 10
 
+    # --retry-unparsed asks the unparsed turn anew (not from the cache) and keeps the old record aside.
+    retry = FakeLocalEngine(dataset)
+    summary = judge_run(run, _local_settings(run, "hf"), lambda: retry, show_progress=False, retry_unparsed=True)
+    assert summary.retried_unparsed == 1 and [n for n, _ in retry.calls] == [1, 1, 1, 1]
+    assert len(run.judgments.read()) == 10 and run.judgments.read()[(2, 1)].parse_status == "unparsed"
+    assert len((run.path / "judgments.retried.jsonl").read_text().splitlines()) == 1
+    assert run.read_manifest()["stages"]["judge"]["retry_rounds"] == 1
+
 
 def test_vllm_backend_groups_by_schema_and_records_overlong(tmp_path, dataset):
     run = make_run(tmp_path / "run", dataset, [1, 2, 3], lambda s, t: "long" if (s, t) == (3, 5) else "good")
