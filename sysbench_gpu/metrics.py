@@ -190,6 +190,7 @@ def compute_metrics(
     *,
     allow_partial: bool = False,
     exclude_unparsed: bool = False,
+    exclude_skipped: bool = False,
     resamples: int = 1000,
     seed: int = 0,
     expected: set[Key] | None = None,
@@ -197,7 +198,9 @@ def compute_metrics(
     model: str | None = None,
 ) -> dict[str, Any]:
     """All metrics of a judged run. ``expected``: turns that must be judged (default: all turns)."""
-    scores, sessions, counts = _score_turns(sessions, judgments, expected, allow_partial, exclude_unparsed)
+    scores, sessions, counts = _score_turns(
+        sessions, judgments, expected, allow_partial, exclude_unparsed, exclude_skipped
+    )
     if not sessions:
         raise SysbenchError("no sessions to score")
     table = build_table(sessions, scores)
@@ -241,6 +244,7 @@ def compute_metrics(
         "n_other_verdicts": verdict_counts[OTHER],
         "n_missing_verdicts": sum(s.missing_verdicts for s in turn_scores),
         "n_unparsed_turns": counts["unparsed"],
+        "n_skipped_turns": counts["skipped"],
         "n_missing_turns": counts["missing"],
         "n_ungenerated_turns": counts["ungenerated"],
         "partial": counts["missing"] > 0,
@@ -254,10 +258,12 @@ def _score_turns(
     expected: set[Key] | None,
     allow_partial: bool,
     exclude_unparsed: bool,
+    exclude_skipped: bool = False,
 ) -> tuple[dict[Key, TurnScore], list[Session], Counter]:
     counts: Counter = Counter()
     missing: list[Key] = []
     unparsed: list[Key] = []
+    skipped: list[Key] = []  # the model gave no reply (over-length): neither passed nor failed silently
     scores: dict[Key, TurnScore] = {}
     kept: list[Session] = []
     for session in sessions:
@@ -273,6 +279,8 @@ def _score_turns(
                 missing.append(key)
             elif judgment.parse_status == "unparsed":
                 unparsed.append(key)
+            elif judgment.parse_status == "skipped":
+                skipped.append(key)
             else:
                 scores[key] = score_turn(session, key[1], judgment)
     if missing and not allow_partial:
@@ -285,8 +293,14 @@ def _score_turns(
             f"{len(unparsed)} judgment(s) are unparsed (the judge's reply never parsed): {_name_keys(unparsed)}; "
             "rerun judge to retry them, or pass --exclude-unparsed to leave them out (they are counted)"
         )
+    if skipped and not exclude_skipped:
+        raise SysbenchError(
+            f"{len(skipped)} turn(s) were skipped at generation (no reply, e.g. over-length): {_name_keys(skipped)}; "
+            "regenerate with --on-overflow truncate-history, or pass --exclude-skipped to leave them out (they are counted)"
+        )
     counts["missing"] = len(missing)
     counts["unparsed"] = len(unparsed)
+    counts["skipped"] = len(skipped)
     return scores, kept, counts
 
 
@@ -370,6 +384,7 @@ def run_metrics(
     *,
     allow_partial: bool = False,
     exclude_unparsed: bool = False,
+    exclude_skipped: bool = False,
     resamples: int = 1000,
     seed: int = 0,
 ) -> dict[str, Any]:
@@ -381,6 +396,7 @@ def run_metrics(
             loaded.judgments,
             allow_partial=allow_partial,
             exclude_unparsed=exclude_unparsed,
+            exclude_skipped=exclude_skipped,
             resamples=resamples,
             seed=seed,
             expected=loaded.expected,
@@ -465,7 +481,8 @@ def format_metrics(result: Mapping[str, Any]) -> str:
         f"run {result['label']}  model {result['model']}",
         f"{result['n_sessions']} sessions, {result['n_turns']} turns, {result['n_constraints']} constraints"
         + ("  (PARTIAL: " + f"{result['n_missing_turns']} turns not judged)" if result["partial"] else "")
-        + (f"  ({result['n_unparsed_turns']} unparsed turns excluded)" if result["excluded_unparsed"] else ""),
+        + (f"  ({result['n_unparsed_turns']} unparsed turns excluded)" if result["excluded_unparsed"] else "")
+        + (f"  ({result['n_skipped_turns']} skipped turns excluded)" if result["n_skipped_turns"] else ""),
         "",
         f"{'metric':<22}{'%':>6}  95% CI (session bootstrap, {result['bootstrap']['resamples']} resamples)",
     ]
@@ -521,6 +538,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON (fractions in [0, 1])")
     parser.add_argument("--allow-partial", action="store_true", help="score the judged subset of an unfinished run")
     parser.add_argument("--exclude-unparsed", action="store_true", help="leave out (and count) unparsed judgments")
+    parser.add_argument(
+        "--exclude-skipped", action="store_true", help="leave out (and count) turns skipped at generation (no reply)"
+    )
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     parser.set_defaults(func=_cmd_metrics)
@@ -539,6 +559,7 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
         args.run_dir,
         allow_partial=args.allow_partial,
         exclude_unparsed=args.exclude_unparsed,
+        exclude_skipped=args.exclude_skipped,
         resamples=args.resamples,
         seed=args.seed,
     )

@@ -804,6 +804,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--exclude-unparsed", action="store_true", help="leave out turns whose judge reply never parsed"
     )
+    parser.add_argument(
+        "--exclude-skipped", action="store_true", help="leave out turns skipped at generation (no reply)"
+    )
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples for the 95%% CIs")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     parser.set_defaults(func=_cmd_report)
@@ -823,6 +826,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     options = {
         "allow_partial": args.allow_partial,
         "exclude_unparsed": args.exclude_unparsed,
+        "exclude_skipped": args.exclude_skipped,
         "resamples": args.resamples,
         "seed": args.seed,
     }

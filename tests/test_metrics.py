@@ -121,6 +121,17 @@ def test_unparsed_judgment_is_an_error_unless_excluded():
     assert m["partial"] is False
 
 
+def test_skipped_generation_is_never_scored_as_a_pass():
+    judgments = make_judgments()
+    judgments[(1, 3)] = JudgmentRecord(system_id=1, turn=3, verdicts={}, parse_status="skipped")
+    with pytest.raises(SysbenchError, match=r"skipped at generation.*session 1 turn 3.*--exclude-skipped"):
+        compute_metrics(make_sessions(), judgments)
+    m = compute_metrics(make_sessions(), judgments, exclude_skipped=True, resamples=20)
+    assert m["n_skipped_turns"] == 1 and m["n_unparsed_turns"] == 0
+    assert (m["n_turns"], m["n_constraints"]) == (8, 11)
+    assert m["isr"] == pytest.approx(0.5)
+
+
 def test_missing_verdict_counts_as_unsatisfied_and_not_failing():
     judgments = make_judgments()
     del judgments[(1, 1)].verdicts["2"]
