@@ -27,10 +27,10 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 demo: install
-	$(VENV)/bin/sysbench-gpu generate --data demo --model smollm2 --engine hf --out $(DEMO_RUN) --max-tokens 96
-	$(VENV)/bin/sysbench-gpu judge $(DEMO_RUN) --judge hf --judge-model smollm2 --max-retries 2
-	$(VENV)/bin/sysbench-gpu metrics $(DEMO_RUN) --exclude-unparsed
-	$(VENV)/bin/sysbench-gpu report $(DEMO_RUN) --out $(DEMO_RUN)/report --exclude-unparsed
+	$(VENV)/bin/sysbench-gpu generate --data demo --model smollm2 --engine hf --out $(DEMO_RUN) --max-tokens 64
+	$(VENV)/bin/sysbench-gpu judge $(DEMO_RUN) --judge vllm --judge-model smollm2 --template en
+	$(VENV)/bin/sysbench-gpu metrics $(DEMO_RUN)
+	$(VENV)/bin/sysbench-gpu report $(DEMO_RUN) --out $(DEMO_RUN)/report
 
 test: install
 	$(PY) -m pytest

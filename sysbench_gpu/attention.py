@@ -38,6 +38,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from sysbench_gpu.data import parse_session_ids, select_sessions
 from sysbench_gpu.errors import SysbenchError
 
 log = logging.getLogger(__name__)
@@ -90,25 +91,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plot.add_argument("--names", help="comma-separated model names for the legend (default: from the manifests)")
     plot.add_argument("--session", type=int, help="also draw the per-token figure of this session")
     plot.set_defaults(func=cmd_attention_plot)
-
-
-def parse_session_ids(spec: str | None) -> list[int] | None:
-    if not spec:
-        return None
-    ids: list[int] = []
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            if "-" in part:
-                low, high = (int(x) for x in part.split("-", 1))
-                ids.extend(range(low, high + 1))
-            else:
-                ids.append(int(part))
-        except ValueError:
-            raise SysbenchError(f"--sessions: {part!r} is not a number or a range like 3-7") from None
-    return ids
 
 
 @dataclass(frozen=True)
@@ -263,15 +245,7 @@ def cmd_attention(args: argparse.Namespace) -> int:
 
     run = RunDir(args.run_dir).require()
     sessions = run.load_sessions()
-    wanted = parse_session_ids(args.sessions)
-    if wanted is not None:
-        known = {s.system_id for s in sessions}
-        unknown = sorted(set(wanted) - known)
-        if unknown:
-            raise SysbenchError(f"{run.sessions_path}: no session with system_id {', '.join(map(str, unknown))}")
-        sessions = [s for s in sessions if s.system_id in set(wanted)]
-    if args.limit is not None:
-        sessions = sessions[: args.limit]
+    sessions = select_sessions(sessions, parse_session_ids(args.sessions), args.limit, source=run.sessions_path)
     generations = run.generations.read()
     replies = args.replies
     if replies == "auto":

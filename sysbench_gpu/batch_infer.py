@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from sysbench_gpu.data import Dataset, Session, load_dataset
+from sysbench_gpu.data import Dataset, Session, load_dataset, parse_session_ids
 from sysbench_gpu.engines.base import ChatMessage, Completion, Engine, SamplingSpec
 from sysbench_gpu.errors import SysbenchError, where
 from sysbench_gpu.runstore import GenerationRecord, Key, RunDir, utc_now, write_json_atomic
@@ -186,28 +186,6 @@ def missing_references(sessions: Iterable[Session]) -> dict[int, list[int]]:
         if turns:
             missing[session.system_id] = turns
     return missing
-
-
-def parse_session_ids(text: str) -> list[int]:
-    """``"1,2,5-9"`` -> ``[1, 2, 5, 6, 7, 8, 9]``."""
-    ids: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            if "-" in part:
-                low, high = (int(x) for x in part.split("-", 1))
-                if high < low:
-                    raise ValueError
-                ids.extend(range(low, high + 1))
-            else:
-                ids.append(int(part))
-        except ValueError:
-            raise SysbenchError(f"--sessions: cannot read {part!r} (expected ids and ranges like 1,2,5-9)") from None
-    if not ids:
-        raise SysbenchError("--sessions: no session ids given")
-    return list(dict.fromkeys(ids))
 
 
 # ------------------------------------------------------------------ run directory checks
@@ -703,7 +681,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     )
     options = engine_options_from_args(args.engine, args)
     dataset = load_dataset(args.data)
-    ids = parse_session_ids(args.sessions) if args.sessions else None
+    ids = parse_session_ids(args.sessions)
     sessions = dataset.select(ids, args.limit)
     run_dir = RunDir(args.out)
     # Fail on a mismatched run directory or missing references before loading a model.

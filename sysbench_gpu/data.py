@@ -109,16 +109,48 @@ class Dataset:
 
     def select(self, system_ids: Iterable[int] | None = None, limit: int | None = None) -> list[Session]:
         """Sessions in file order, restricted to ``system_ids`` and then to the first ``limit``."""
-        chosen = list(self.sessions)
-        if system_ids is not None:
-            wanted = set(system_ids)
-            unknown = sorted(wanted - {s.system_id for s in chosen})
-            if unknown:
-                raise SysbenchError(f"{self.path}: no session with system_id {', '.join(map(str, unknown))}")
-            chosen = [s for s in chosen if s.system_id in wanted]
-        if limit is not None:
-            chosen = chosen[:limit]
-        return chosen
+        return select_sessions(self.sessions, system_ids, limit, source=self.path)
+
+
+def select_sessions(
+    sessions: Sequence[Session],
+    system_ids: Iterable[int] | None = None,
+    limit: int | None = None,
+    source: Path | str = "<data>",
+) -> list[Session]:
+    """Sessions in their order, restricted to ``system_ids`` (unknown ids are an error), then to the first ``limit``."""
+    chosen = list(sessions)
+    if system_ids is not None:
+        wanted = set(system_ids)
+        unknown = sorted(wanted - {s.system_id for s in chosen})
+        if unknown:
+            raise SysbenchError(f"{source}: no session with system_id {', '.join(map(str, unknown))}")
+        chosen = [s for s in chosen if s.system_id in wanted]
+    if limit is not None:
+        chosen = chosen[:limit]
+    return chosen
+
+
+def parse_session_ids(text: str | None) -> list[int] | None:
+    """``"1,2,5-9"`` -> ``[1, 2, 5, 6, 7, 8, 9]`` (duplicates dropped, order kept); None or empty -> None."""
+    if not text:
+        return None
+    ids: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            if "-" in part:
+                low, high = (int(x) for x in part.split("-", 1))
+                if high < low:
+                    raise ValueError
+                ids.extend(range(low, high + 1))
+            else:
+                ids.append(int(part))
+        except ValueError:
+            raise SysbenchError(f"--sessions: {part!r} is not a number or a range like 3-7") from None
+    return list(dict.fromkeys(ids))
 
 
 def file_sha256(path: Path) -> str:

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from sysbench_gpu.data import Constraint, Session
+from sysbench_gpu.data import Constraint, Session, parse_session_ids, select_sessions
 from sysbench_gpu.engines.base import ChatMessage, Completion, SamplingSpec
 from sysbench_gpu.errors import SysbenchError
 from sysbench_gpu.judge_cache import CACHE_DIRNAME, CachedReply, JudgeCache, cache_key
@@ -138,7 +138,7 @@ def plan_judging(
     system_ids: Sequence[int] | None = None,
 ) -> JudgePlan:
     """Tasks for the first ``limit`` sessions; ``imported_history`` is the history mode of imported turns."""
-    chosen = select_sessions(sessions, system_ids, limit)
+    chosen = select_sessions(sessions, system_ids, limit, source="sessions.json of this run")
     tasks: list[JudgeTask] = []
     skipped: list[JudgmentRecord] = []
     already = not_generated = 0
@@ -171,18 +171,6 @@ def plan_judging(
             prompt = render_prompt(template, session, turn.index, history, record.response)
             tasks.append(JudgeTask(session.system_id, turn.index, prompt, turn.constraints))
     return JudgePlan(tasks=tasks, skipped=skipped, already_judged=already, not_generated=not_generated)
-
-
-def select_sessions(sessions: Sequence[Session], system_ids: Sequence[int] | None, limit: int | None) -> list[Session]:
-    """Sessions in file order, restricted to ``system_ids``, then to the first ``limit``."""
-    chosen = list(sessions)
-    if system_ids is not None:
-        wanted = set(system_ids)
-        unknown = sorted(wanted - {s.system_id for s in chosen})
-        if unknown:
-            raise SysbenchError(f"sessions.json of this run has no session {', '.join(map(str, unknown))}")
-        chosen = [s for s in chosen if s.system_id in wanted]
-    return chosen[:limit] if limit is not None else chosen
 
 
 def imported_history_mode(run: RunDir) -> str:
@@ -646,7 +634,7 @@ def judge_run(
     _check_consistent(existing, settings, run)
     retried = 0
     if retry_unparsed:
-        chosen = {s.system_id for s in select_sessions(sessions, system_ids, limit)}
+        chosen = {s.system_id for s in select_sessions(sessions, system_ids, limit, source=run.sessions_path)}
         retried = set_aside_unparsed(run, chosen)
         if retried:
             previous = run.read_manifest().get("stages", {}).get("judge", {}).get("retry_rounds", 0)
@@ -783,7 +771,7 @@ def prepare_rejudge(source: RunDir, out: Path, limit: int | None, system_ids: Se
     """
     source.require()
     sessions = source.load_sessions()
-    chosen = select_sessions(sessions, system_ids, limit)
+    chosen = select_sessions(sessions, system_ids, limit, source=source.sessions_path)
     ids = {s.system_id for s in chosen}
     generations = [r for r in source.generations.read().values() if r.system_id in ids]
     if not generations:
@@ -864,13 +852,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=main)
 
 
-def _parse_ids(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise SysbenchError(f"--sessions {text!r}: expected comma-separated integers") from None
-
-
 def _engine_options(pairs: Sequence[str]) -> dict[str, Any]:
     options: dict[str, Any] = {}
     for pair in pairs:
@@ -922,7 +903,7 @@ def main(args: argparse.Namespace) -> int:
         raise SysbenchError(f"--limit must be at least 1, got {args.limit}")
     if args.concurrency < 1:
         raise SysbenchError(f"--concurrency must be at least 1, got {args.concurrency}")
-    system_ids = _parse_ids(args.sessions) if args.sessions else None
+    system_ids = parse_session_ids(args.sessions)
     template = load_template(args.template, args.template_lang)
     source = RunDir(args.run_dir)
     if args.rejudge:

@@ -18,11 +18,10 @@ from sysbench_gpu.batch_infer import (
     engine_options_from_args,
     fold_system_message,
     missing_references,
-    parse_session_ids,
     register,
     run_generation,
 )
-from sysbench_gpu.data import demo_data_path, load_dataset, resolve_data_path
+from sysbench_gpu.data import demo_data_path, load_dataset, parse_session_ids, resolve_data_path
 from sysbench_gpu.engines.base import Completion, SamplingSpec
 from sysbench_gpu.errors import SysbenchError
 from sysbench_gpu.runstore import RunDir

@@ -184,13 +184,16 @@ def test_faults_end_to_end_resume_and_cache(tmp_path, dataset):
         after = {k: (r.parse_status, r.verdicts, r.attempts) for k, r in run.judgments.read().items()}
         assert after == before
 
-    # The metrics stage counts unparsed turns and refuses them unless told to exclude them.
-    metrics = pytest.importorskip("sysbench_gpu.metrics")
-    if hasattr(metrics, "run_metrics"):
-        with pytest.raises(SysbenchError, match="unparsed"):
-            metrics.run_metrics(run.path)
-        result = metrics.run_metrics(run.path, exclude_unparsed=True, resamples=10)
-        assert result["n_unparsed_turns"] == 5
+    # The metrics stage counts unparsed and skipped turns and refuses each unless told to exclude it.
+    from sysbench_gpu import metrics
+
+    with pytest.raises(SysbenchError, match="unparsed"):
+        metrics.run_metrics(run.path, exclude_skipped=True)
+    with pytest.raises(SysbenchError, match="skipped at generation"):
+        metrics.run_metrics(run.path, exclude_unparsed=True)
+    result = metrics.run_metrics(run.path, exclude_unparsed=True, exclude_skipped=True, resamples=10)
+    assert result["n_unparsed_turns"] == 5 and result["n_skipped_turns"] == 1
+    assert result["n_turns"] == 9
 
 
 def test_interrupted_run_resumes_without_asking_twice(tmp_path, dataset):
