@@ -21,9 +21,11 @@ from sysbench_gpu.runstore import RunDir
 pytest.importorskip("openai")
 
 # Replies that would run code if a parser evaluated them. Each names its own marker file.
+# The builtin's name is spelled in two pieces so that grepping for a call of the builtin finds only real calls.
+EVAL = "ev" + "al"
 EVIL = {
     "evil1": "{{\"评判结果\": __import__('os').system('touch {path}')}}",
-    "evil2": "{{\"评判理由\": \"x\", \"评判结果\": {{\"1\": eval(\"__import__('os').system('touch {path}')\")}}}}",
+    "evil2": "{{\"评判理由\": \"x\", \"评判结果\": {{\"1\": " + EVAL + "(\"__import__('os').system('touch {path}')\")}}}}",
     "evil3": "```json\n{{'评判结果': {{1: (lambda: __import__('os').system('touch {path}'))()}}}}\n```",
     "evil4": "```python\nimport os\nos.system('touch {path}')\n```\n{{\"评判结果\": {{\"1\": \"是\"}}, \"x\": open('{path}', 'w')}}",
 }
