@@ -128,15 +128,11 @@ def skip_path(out: Path, system_id: int, condition: str) -> Path:
 
 
 def save_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from sysbench_gpu.runstore import write_bytes_atomic
+
     buffer = io.BytesIO()
     np.savez_compressed(buffer, **arrays)
-    temp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(temp, "wb") as handle:
-        handle.write(buffer.getvalue())
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, path)
+    write_bytes_atomic(path, buffer.getvalue())
 
 
 def load_session(path: Path) -> dict[str, np.ndarray]:
@@ -438,6 +434,7 @@ def wait_for_ranks(out: Path, dist: Distributed, timeout: float) -> None:
 def merge_turn_table(out: Path) -> list[Any]:
     """Merge the per-rank shards into turn_shares.jsonl; sessions missing from shards are read from their .npz."""
     from sysbench_gpu.attn_analysis import TurnShare, read_turn_table, turn_row_json, turn_shares
+    from sysbench_gpu.runstore import write_bytes_atomic
 
     rows: dict[tuple[int, str, int, int], TurnShare] = {}
     for shard in sorted((out / "shards").glob("*.jsonl")):
@@ -450,10 +447,7 @@ def merge_turn_table(out: Path) -> list[Any]:
             for row in turn_shares(load_session(path)):
                 rows[row.key] = row
     ordered = [rows[key] for key in sorted(rows)]
-    table = out / "turn_shares.jsonl"
-    temp = table.with_name(table.name + ".tmp")
-    temp.write_text("".join(turn_row_json(row) + "\n" for row in ordered), encoding="utf-8")
-    os.replace(temp, table)
+    write_bytes_atomic(out / "turn_shares.jsonl", "".join(turn_row_json(row) + "\n" for row in ordered).encode("utf-8"))
     return ordered
 
 

@@ -50,6 +50,7 @@ from sysbench_gpu.runstore import (
     RunDir,
     session_to_upstream,
     utc_now,
+    write_bytes_atomic,
     write_json_atomic,
 )
 
@@ -589,12 +590,7 @@ def set_aside_unparsed(run: RunDir, system_ids: set[int]) -> int:
         handle.write(b"".join(moved))
         handle.flush()
         os.fsync(handle.fileno())
-    temp = path.with_name(path.name + ".tmp")
-    with open(temp, "wb") as handle:
-        handle.write(b"".join(kept))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, path)
+    write_bytes_atomic(path, b"".join(kept))
     return len(moved)
 
 

@@ -249,17 +249,21 @@ def package_versions(names: Iterable[str] = ("sysbench-gpu", "torch", "transform
     return versions
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder, fsync'ed, then renamed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as handle:
-        json.dump(obj, handle, ensure_ascii=False, indent=2)
-        handle.write("\n")
+    with tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as handle:
+        handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
         temp = handle.name
     os.chmod(temp, 0o644)  # temporary files are created 0600; a run's files are meant to be shared
     os.replace(temp, path)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    write_bytes_atomic(path, (json.dumps(obj, ensure_ascii=False, indent=2) + "\n").encode("utf-8"))
 
 
 class RunDir:
