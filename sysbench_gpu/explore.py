@@ -130,6 +130,8 @@ def build_site(
     by_path = {view.path.resolve(): view.label for view in views}
     sources = [attn.load_source(path, by_path) for path in attention_dirs]
     texts = {source.tokenizer_path: attn.TokenText(source.tokenizer_path) for source in sources}
+    for text in texts.values():
+        text.load()  # a missing tokenizer stops the build before anything is written
     order = data.session_order(views)
     known = set(order)
     arms = attn.arms_by_session(sources)

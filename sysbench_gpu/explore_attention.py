@@ -137,8 +137,15 @@ class TokenText:
             try:
                 self._tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
             except (OSError, ValueError) as error:
-                raise SysbenchError(f"could not load the tokenizer from {self.tokenizer_path}: {error}") from None
+                first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                raise SysbenchError(
+                    f"could not load the tokenizer from {self.tokenizer_path} (the attention manifest's model_path "
+                    f"or model): {first}"
+                ) from None
         return self._tokenizer
+
+    def load(self) -> Any:
+        return self.tokenizer
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """The text of each token; their concatenation is the decoded conversation."""

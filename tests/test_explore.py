@@ -237,6 +237,19 @@ def test_cli_rebuild_removes_stale_sessions_and_refuses_foreign_folders(fixture_
     assert "no such run directory" in capsys.readouterr().err
 
 
+def test_missing_tokenizer_is_one_line_and_writes_nothing(fixture_runs, tmp_path):
+    attention = tmp_path / "attn"
+    shutil.copytree(fixture_runs["attention"], attention)
+    manifest = json.loads((attention / "manifest.json").read_text(encoding="utf-8"))
+    (tmp_path / "no-model").mkdir()
+    manifest.update(model_path=str(tmp_path / "no-model"), model=str(tmp_path / "no-model"))
+    (attention / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    with pytest.raises(SysbenchError) as error:
+        explore.build_site([fixture_runs["small"]], tmp_path / "site", [attention], resamples=20, progress=False)
+    assert "could not load the tokenizer" in str(error.value) and "\n" not in str(error.value)
+    assert not (tmp_path / "site").exists()
+
+
 def test_unjudged_run_is_shown_not_fatal(tmp_path, dataset):
     run = RunDir(tmp_path / "fresh")
     sessions = dataset.select(limit=1)
@@ -351,6 +364,10 @@ def test_browser_index_filter_session_and_attention_arms(browser, fixture_runs, 
     _wait(driver, lambda d: d.find_element(By.ID, "count").text.startswith("showing 1 of 500"))
     (row,) = driver.find_elements(By.CSS_SELECTOR, "#sessions tbody tr")
     assert row.get_attribute("data-id") == "1" and "2" in row.text
+    Select(driver.find_element(By.ID, "f-outcome")).select_by_value("incomplete")  # session 2: turn 5 not judged
+    _wait(driver, lambda d: [r.get_attribute("data-id") for r in d.find_elements(By.CSS_SELECTOR, "#sessions tbody tr")] == ["2"])
+    Select(driver.find_element(By.ID, "f-outcome")).select_by_value("failing")
+    assert "outcome=failing" in driver.current_url
     # Sorting by the first failing turn over gpt4o's failing sessions puts turn 1 failures first.
     Select(driver.find_element(By.ID, "f-run")).select_by_visible_text("gpt4o")
     driver.find_element(By.CSS_SELECTOR, "th[data-key=first_fail]").click()

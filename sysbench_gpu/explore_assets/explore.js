@@ -123,10 +123,10 @@
     clear(byId("runs")).appendChild(table);
   }
 
-  function sessionOutcome(summary) {
+  function sessionOutcome(summary, row) {
     if (!summary) return "absent";
     if (summary.first_fail !== null) return "failing";
-    if (summary.judged < summary.generated || summary.generated === 0) return "incomplete";
+    if (summary.judged < row.n_turns) return "incomplete";  // turns not generated, not judged or unparsed
     return "passing";
   }
 
@@ -179,7 +179,7 @@
 
   function matches(row, state) {
     var summary = row.runs[Number(state.run) || 0];
-    if (state.outcome && sessionOutcome(summary) !== state.outcome) return false;
+    if (state.outcome && sessionOutcome(summary, row) !== state.outcome) return false;
     if (state.type && !(summary && summary.failed_types.indexOf(state.type) >= 0)) return false;
     if (state.group && row.group !== state.group) return false;
     if (state.align === "misaligned" && row.alignment.indexOf("M") < 0) return false;
@@ -218,7 +218,7 @@
     rows.forEach(function (row) {
       var s = row.runs[runIndex];
       var href = "session.html" + toHash({ id: row.id, run: runIndex });
-      body.appendChild(el("tr", { dataset: { id: row.id, outcome: sessionOutcome(s) } }, [
+      body.appendChild(el("tr", { dataset: { id: row.id, outcome: sessionOutcome(s, row) } }, [
         el("td", { className: "num" }, [el("a", { href: href, text: String(row.id), className: "session-link" })]),
         el("td", { text: row.domain || "" }),
         el("td", { className: "scene", text: row.scene || "", title: row.scene || null }),
