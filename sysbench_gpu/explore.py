@@ -3,7 +3,7 @@
 ::
 
     SITE/
-      index.html, session.html, explore.css, explore.js   the pages (copied from explore_assets/)
+      index.html, session.html, explore.css, explore*.js  the pages (copied from explore_assets/)
       data/index.js                 runs with their metrics, one row per session (keyed by system_id)
       data/sessions/<id>.js         one session: texts, checklists, every run's replies and verdicts
       data/attention/<id>.js        one session's token-level attention (only sessions that have it)
@@ -30,7 +30,10 @@ from sysbench_gpu.errors import SysbenchError
 
 log = logging.getLogger(__name__)
 
-ASSETS = ("index.html", "session.html", "explore.css", "explore.js")
+ASSETS = (
+    "index.html", "session.html", "explore.css",
+    "explore.js", "explore_index.js", "explore_session.js", "explore_attention.js",
+)
 DATA_INDEX = "data/index.js"
 INDEX_GLOBAL = "SYSBENCH_EXPLORE_INDEX"
 SESSIONS_GLOBAL = "SYSBENCH_EXPLORE_SESSIONS"

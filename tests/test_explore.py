@@ -210,9 +210,12 @@ def test_data_files_are_inert_scripts():
     path.write_text(script, encoding="utf-8")
     assert explore.read_data_file(path) == payload
     # The pages put data into the document as text only.
-    code = (ASSETS / "explore.js").read_text(encoding="utf-8")
-    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
-        assert sink not in code
+    scripts = sorted(ASSETS.glob("*.js"))
+    assert [p.name for p in scripts] == sorted(n for n in explore.ASSETS if n.endswith(".js"))
+    for script in scripts:
+        code = script.read_text(encoding="utf-8")
+        for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+            assert sink not in code, f"{script.name} uses {sink}"
     for page in ("index.html", "session.html"):
         assert "Content-Security-Policy" in (ASSETS / page).read_text(encoding="utf-8")
 
@@ -303,6 +306,7 @@ def browser():
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-dev-shm-usage", "--window-size=1400,1000", f"--user-data-dir={profile}"):
         options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # console errors, CSP refusals included
     try:
         driver = webdriver.Chrome(service=Service(paths[1]), options=options)
     except WebDriverException as error:
@@ -415,6 +419,8 @@ def test_browser_index_filter_session_and_attention_arms(browser, fixture_runs, 
     _check_tokens(driver, data, "control")
     _screenshot(driver, tmp_path, "explore-session-control", "attention-section")
 
+    assert _console_errors(driver) == []
+
     # Runs picked for side by side stay picked on the next session.
     driver.find_element(By.ID, "run-0").click()
     _wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#turn-2 .replies .card")) == 1)
@@ -425,6 +431,11 @@ def test_browser_index_filter_session_and_attention_arms(browser, fixture_runs, 
     assert len(driver.find_elements(By.CSS_SELECTOR, "#turn-1 .replies .card")) == 1
     assert driver.find_element(By.CSS_SELECTOR, "#turn-5 .card .badge").text == "not judged"
     _wait(driver, lambda d: d.find_element(By.ID, "attn-view").get_attribute("data-arm") == "system")
+    assert _console_errors(driver) == []
+
+
+def _console_errors(driver) -> list[str]:
+    return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
 
 
 def _check_tokens(driver, arms: dict, name: str) -> None:
