@@ -25,8 +25,8 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def _with_ci(value: float | None, ci: Sequence[float] | None, show_ci: bool) -> str:
-    text = _num(value)
+def _with_ci(value: float | None, ci: Sequence[float] | None, show_ci: bool, mark: str = "") -> str:
+    text = _num(value) + (mark if value is not None else "")
     if show_ci and value is not None and ci:
         text += f" [{ci[0]:.2f}, {ci[1]:.2f}]"
     return text
@@ -55,9 +55,8 @@ def leaderboard_markdown(
     lines = [header, "|" + "---|" + "---:|" * len(LEADERBOARD_COLUMNS)]
     for label, metrics in runs:
         row = leaderboard_row(metrics)
-        cells = [_with_ci(*row[c], show_ci) for c in LEADERBOARD_COLUMNS]
-        if not metrics.get("leaderboard_complete") and row["average"][0] is not None:
-            cells[0] += "*"
+        partial = "" if metrics.get("leaderboard_complete") else "*"
+        cells = [_with_ci(*row[c], show_ci, partial if c == "average" else "") for c in LEADERBOARD_COLUMNS]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if published:
         for label, values in PUBLISHED_LEADERBOARD.items():
