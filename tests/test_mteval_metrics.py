@@ -132,10 +132,10 @@ def test_unpaired_comparison_of_multi_and_single() -> None:
 def test_leaderboard_table() -> None:
     _, turns = _example()
     result = mteval_metrics(turns, resamples=50)
-    table = leaderboard_markdown([("smollm2", result)], show_ci=False, published=True)
+    table = leaderboard_markdown([("example", result)], show_ci=False, published=True)
     lines = table.splitlines()
     assert lines[0] == "| Model | Average | Recollection | Expansion | Refinement | Follow-up |"
-    assert lines[2] == "| smollm2 | 7.42 | 6.67 | 8.00 | 6.00 | 9.00 |"
+    assert lines[2] == "| example | 7.42 | 6.67 | 8.00 | 6.00 | 9.00 |"
     assert lines[3] == "| GPT-4 (published) | 9.03 | 9.61 | 9.07 | 7.85 | 9.60 |"
     partial = mteval_metrics([t for t in turns if t.task == "expansion"], resamples=50)
     table = leaderboard_markdown([("expansion only", partial)])
