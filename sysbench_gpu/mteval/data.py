@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from sysbench_gpu.data import NO_ALIGNMENT, MTEvalDialogue, MTEvalTurn, Session, Turn
-from sysbench_gpu.errors import SysbenchError
+from sysbench_gpu.errors import SysbenchError, where
 
 BENCHMARK = "mteval"
 # The system message of upstream's inference.py (its README spells it with a serial comma;
@@ -181,14 +181,10 @@ def _setting_from_content(task: str, objects: Sequence[tuple[int, dict[str, Any]
 
 
 def _where(source: Path | str, line: int, dialogue: object, turn: int | None = None, field: str | None = None) -> str:
-    parts = [f"{source}: line {line}"]
-    if dialogue is not None:
-        parts.append(f"dialogue {dialogue!r}")
-    if turn is not None:
-        parts.append(f"turn {turn}")
-    if field is not None:
-        parts.append(f"field {field!r}")
-    return ", ".join(parts)
+    """``file: line 7, dialogue '7_rewrite_qa', turn 3, field 'inst'``."""
+    head = f"{source}: line {line}" + (f", dialogue {dialogue!r}" if dialogue is not None else "")
+    rest = where(None, None, turn, field)
+    return f"{head}, {rest}" if rest else head
 
 
 def _text_id(value: Any, loc: str, key: str) -> str:

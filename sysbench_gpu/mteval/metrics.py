@@ -20,7 +20,7 @@ import numpy as np
 
 from sysbench_gpu.data import Session
 from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.metrics import bootstrap_index, percentile_ci
+from sysbench_gpu.metrics import SessionTable, bootstrap_index, percentile_ci
 from sysbench_gpu.mteval.data import CATEGORIES, TASKS, answered_turns
 
 Key = tuple[int, int]
@@ -82,23 +82,16 @@ def _name(keys: Sequence[Key]) -> str:
 
 
 @dataclass(frozen=True)
-class DialogueTable:
-    """Per-dialogue sums: every score is sum(num) / sum(den) over dialogues."""
+class DialogueTable(SessionTable):
+    """Per-dialogue sums: every score is sum(num) / sum(den) over dialogues.
 
-    units: tuple[tuple[str, int], ...]  # (task, system_id), grouped by task
-    ratios: dict[str, tuple[np.ndarray, np.ndarray]]
+    The SysBench session table's ratio arithmetic (``point``, ``resampled``) serves as is: its
+    rows are dialogues here (``system_ids``), its ``groups`` their tasks; ``leading`` and
+    ``n_rounds`` (SSR streaks) are unused.
+    """
+
+    units: tuple[tuple[str, int], ...]  # (task, system_id) of each row, grouped by task
     categories: tuple[str, ...]  # in leaderboard order, then the others
-
-    def point(self, name: str) -> float | None:
-        num, den = self.ratios[name]
-        total = float(den.sum())
-        return float(num.sum()) / total if total else None
-
-    def resampled(self, name: str, index: np.ndarray) -> np.ndarray:
-        num, den = self.ratios[name]
-        top, bottom = num[index].sum(axis=1), den[index].sum(axis=1)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(bottom > 0, top / np.where(bottom > 0, bottom, 1), np.nan)
 
     def overall_point(self) -> float | None:
         means = [self.point(f"category.{c}") for c in self.categories]
@@ -137,7 +130,15 @@ def build_table(turns: Sequence[TurnScore]) -> DialogueTable:
             add(f"{name}.turn.{t.ordinal}", row, t.score)
     present = {t.category for t in turns}
     categories = tuple(c for c in CATEGORIES if c in present) + tuple(sorted(present - set(CATEGORIES)))
-    return DialogueTable(units=tuple(units), ratios=ratios, categories=categories)
+    return DialogueTable(
+        system_ids=tuple(sid for _, sid in units),
+        groups=tuple(task for task, _ in units),
+        leading=np.zeros(width, dtype=np.int64),
+        n_rounds=0,
+        ratios=ratios,
+        units=tuple(units),
+        categories=categories,
+    )
 
 
 def stratified_index(table: DialogueTable, resamples: int, seed: int) -> np.ndarray:
