@@ -98,6 +98,8 @@ def test_cli_stats_text_names_the_task() -> None:
     assert result.returncode == 0, result.stderr
     assert "answered turns  240  (context turns 160, 400 in all)" in result.stdout
     assert "task follow-up" in result.stdout and "80 dialogues, 240 answered turns (3-3 per dialogue)" in result.stdout
+    result = _cli("data", "validate", str(_shared("follow-up_multi.jsonl")))
+    assert result.returncode == 0 and ": 80 MT-Eval dialogues (follow-up), valid (sha256 " in result.stdout
 
 
 def test_turn_mapping_of_a_follow_up_dialogue() -> None:
