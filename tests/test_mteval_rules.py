@@ -138,3 +138,22 @@ def test_rule_score_on_dialogues() -> None:
     judged = _one("follow-up", {"id": "f", "conv": [{"user": "Q", "sys": "A", "id": "1", "do_inference": True}]})
     with pytest.raises(SysbenchError, match="scored by the LLM judge"):
         rule_score(judged, 1, "x")
+
+
+def test_every_gold_label_of_the_shared_cls_files_matches_itself() -> None:
+    from pathlib import Path
+
+    from sysbench_gpu.data import load_dataset
+
+    folder = Path(__file__).resolve().parent.parent.parent / "shared" / "mteval" / "data"
+    files = sorted(folder.glob("*cls*.jsonl"))
+    if not files:
+        pytest.skip("shared MT-Eval data not found")
+    scored = 0
+    for path in files:
+        for session in load_dataset(path).sessions:
+            for turn in session.turns:
+                if turn.answered:
+                    assert rule_score(session, turn.index, f"Category: {turn.reference.upper()}!").score == 10
+                    scored += 1
+    assert scored == 100 + 100 + 4 * 100  # recollection multi and single, four cls ablations
