@@ -44,6 +44,7 @@ class ProfileOptions:
     device_spec: str | None = None
     model_config: str | None = None
     dtype: str | None = None
+    kv_dtype: str | None = None
     layout: str | None = None
     what_if: Sequence[str] = ()
     threads: int = DEFAULT_THREADS
@@ -60,6 +61,7 @@ class Profile:
     hw: Hardware
     config_source: str
     dtype: str
+    kv_dtype: str
     calls: list[dict[str, Any]]
     run: dict[str, Any]
     what_if: list[dict[str, Any]]
@@ -72,7 +74,7 @@ class Profile:
             "created": utc_now(),
             "run_dir": str(self.inputs.run_dir),
             "estimate": self.inputs.calls[0].measured_s is None if self.inputs.calls else True,
-            "model": {**self.hw.shape.summary(), "config": self.config_source, "dtype": self.dtype,
+            "model": {**self.hw.shape.summary(), "config": self.config_source, "dtype": self.dtype, "kv_dtype": self.kv_dtype,
                       "weight_bytes_per_param": self.hw.weight_bytes, "kv_bytes_per_element": self.hw.kv_bytes},
             "engine": self.inputs.engine,
             "stage": self.inputs.stage,
@@ -136,12 +138,19 @@ def build_profile(inputs: RunInputs, options: ProfileOptions) -> Profile:
             "h100|h200|a100|FILE"
         )
     device = load_device_spec(spec_name)
+    quantized = config.get("quantization_config")
+    if isinstance(quantized, dict) and not options.dtype:
+        # Packed low-bit weights are fewer bytes than the dtype the engine reports: the bound would overshoot.
+        raise SysbenchError(
+            f"{config_source}: quantized checkpoint ({quantized.get('quant_method', '?')}, "
+            f"{quantized.get('bits', '?')} bits); pass --dtype for the weights' width, e.g. int4 or fp8"
+        )
     dtype = options.dtype or manifest_dtype(inputs, config)
-    width = dtype_bytes(dtype)
+    kv_dtype = options.kv_dtype or (dtype if not quantized else manifest_dtype(inputs, {}))
     layout = Layout.parse(options.layout, manifest_layout(inputs)) if options.layout else manifest_layout(inputs)
     if not 0 < options.memory_utilization <= 1:
         raise SysbenchError(f"--memory-utilization must lie in (0, 1], got {options.memory_utilization}")
-    hw = Hardware(shape, device, layout, width, width, options.memory_utilization)
+    hw = Hardware(shape, device, layout, dtype_bytes(dtype), dtype_bytes(kv_dtype), options.memory_utilization)
     engine = inputs.engine
     batch_size = inputs.described.get("batch_size") if engine == "hf" else None
     if engine == "hf" and layout.gpus > 1:
@@ -183,6 +192,7 @@ def build_profile(inputs: RunInputs, options: ProfileOptions) -> Profile:
         hw=hw,
         config_source=config_source,
         dtype=dtype,
+        kv_dtype=kv_dtype,
         calls=rows,
         run=run,
         what_if=[s.to_json(output, reference) for s in scenarios],
@@ -327,7 +337,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(default: cpu when the engine ran on the CPU)")
     parser.add_argument("--model-config", help="config.json, a model folder, or a packaged name (qwen2-7b, qwen2-72b, "
                         "llama-3.1-8b, llama-3.1-70b); default: the model in the manifest")
-    parser.add_argument("--dtype", help="weights and KV dtype (default: the engine's, else bfloat16)")
+    parser.add_argument("--dtype", help="weights' dtype: float32, bfloat16, fp8, int4, ... (default: the engine's, "
+                        "else the config's, else bfloat16)")
+    parser.add_argument("--kv-dtype", help="KV cache dtype, e.g. fp8 for vLLM's kv_cache_dtype=fp8 (default: --dtype)")
     parser.add_argument("--layout", help="parallel layout, e.g. tp=4 or tp=2,dp=2 (default: the manifest's)")
     parser.add_argument("--what-if", action="append", default=[], metavar="LAYOUT",
                         help="also estimate this layout, e.g. tp=4 or dp=4 (repeatable)")
@@ -353,6 +365,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         device_spec=args.device_spec,
         model_config=args.model_config,
         dtype=args.dtype,
+        kv_dtype=args.kv_dtype,
         layout=args.layout,
         what_if=args.what_if,
         threads=args.threads,

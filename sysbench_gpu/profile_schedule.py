@@ -54,8 +54,8 @@ class Hardware:
     shape: ModelShape
     device: DeviceSpec
     layout: Layout
-    weight_bytes: int  # per parameter
-    kv_bytes: int  # per cached element
+    weight_bytes: float  # per parameter
+    kv_bytes: float  # per cached element
     memory_utilization: float = GPU_MEMORY_UTILIZATION
 
     def with_layout(self, layout: Layout) -> "Hardware":

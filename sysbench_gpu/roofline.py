@@ -30,7 +30,8 @@ from sysbench_gpu.errors import SysbenchError
 DTYPE_BYTES = {
     "float32": 4, "fp32": 4, "float": 4,
     "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
-    "float8": 1, "fp8": 1, "float8_e4m3fn": 1, "int8": 1,
+    "float8": 1, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1,
+    "int4": 0.5, "fp4": 0.5, "nf4": 0.5,
 }
 DEFAULT_DTYPE = "bfloat16"
 # Model families whose q/k/v projections carry a bias although the config has no
@@ -41,7 +42,7 @@ _UNGATED_FAMILIES = ("gpt_neox", "gptj", "phi", "opt", "falcon", "starcoder2", "
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
 
 
-def dtype_bytes(dtype: str | None) -> int:
+def dtype_bytes(dtype: str | None) -> float:
     """Bytes per weight of a dtype name as the engines record it (``torch.`` prefix allowed)."""
     name = (dtype or DEFAULT_DTYPE).replace("torch.", "").lower()
     if name == "auto":
@@ -251,7 +252,7 @@ class Work:
         return self
 
 
-def sequence_work(shape: ModelShape, seq: SequenceTokens, kv_bytes_per_element: int) -> Work:
+def sequence_work(shape: ModelShape, seq: SequenceTokens, kv_bytes_per_element: float) -> Work:
     """The prefill and decode work of one request (see the module docstring)."""
     kv_token = shape.kv_elements_per_token() * kv_bytes_per_element
     new = seq.prompt - seq.cached
@@ -278,7 +279,7 @@ def sequence_work(shape: ModelShape, seq: SequenceTokens, kv_bytes_per_element: 
     )
 
 
-def total_work(shape: ModelShape, seqs: Iterable[SequenceTokens], kv_bytes_per_element: int) -> Work:
+def total_work(shape: ModelShape, seqs: Iterable[SequenceTokens], kv_bytes_per_element: float) -> Work:
     work = Work()
     for seq in seqs:
         work.add(sequence_work(shape, seq, kv_bytes_per_element))
@@ -408,7 +409,7 @@ def segment_bound(
     forwards: int,
     device: DeviceSpec,
     layout: Layout,
-    weight_bytes_per_param: int,
+    weight_bytes_per_param: float,
     replicas: int = 1,
 ) -> SegmentBound:
     """Time bound of ``work`` done concurrently in ``forwards`` forward passes on one replica of ``layout``.

@@ -105,6 +105,22 @@ def test_user_errors_are_one_line(tiny_run, tmp_path, capsys):
     assert "--model-config" in capsys.readouterr().err
 
 
+def test_quantized_checkpoints_need_the_weight_width(tiny_run, tmp_path, capsys, smollm2_path):
+    config = json.loads((Path(smollm2_path) / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    capsys.readouterr()
+    assert main(["profile", str(tiny_run), "--model-config", str(path)]) == 2
+    assert "quantized checkpoint (awq, 4 bits); pass --dtype" in capsys.readouterr().err
+    full = _profile_json(capsys, str(tiny_run))
+    packed = _profile_json(capsys, str(tiny_run), "--model-config", str(path), "--dtype", "int4")
+    assert packed["model"]["weight_bytes_per_param"] == 0.5 and packed["model"]["kv_dtype"] == "float32"
+    # Decode reads weights; an 8x narrower weight makes every decode phase cheaper.
+    for a, b in zip(packed["calls"], full["calls"]):
+        assert a["decode"]["bytes"] < b["decode"]["bytes"]
+
+
 def test_report_has_a_profile_section(tiny_run, tmp_path, capsys):
     judged = tmp_path / "judged"
     shutil.copytree(tiny_run, judged)
