@@ -618,13 +618,18 @@ def write_report(
     profile_lines, profile_entries = report_section([run.path for run in runs], device_spec)
     created = utc_now()
     report_md = _report_markdown(runs, pairs, tables, figure_paths, warnings, created, sessions_source)
+    from sysbench_gpu.explore import explorer_link  # an explorer site in a folder `explore` beside the report's
+
+    explorer = explorer_link(out_dir)
+    if explorer:
+        report_md = report_md.replace("\n## Runs\n", f"\nExplorer: [{explorer}]({explorer})\n\n## Runs\n", 1)
     if profile_lines:
         report_md += "\n" + "\n".join(profile_lines) + "\n"
     (out_dir / "report.md").write_text(report_md, encoding="utf-8")
     report_json = _report_json(
         runs, pairs, table_paths, figure_paths, warnings, created, sessions_source, options or {}, arguments or {}
     )
-    write_json_atomic(out_dir / "report.json", {**report_json, "profile": profile_entries})
+    write_json_atomic(out_dir / "report.json", {**report_json, "profile": profile_entries, "explorer": explorer})
     return ReportResult(
         out_dir=out_dir,
         tables=table_paths,
