@@ -3,7 +3,7 @@
 # tensor parallel 4 under torchrun (transformers' tp_plan), all sessions, system and control arms.
 #
 # Each rank holds a quarter of every layer: 16 of the 64 query heads and 2 of the 8 KV heads,
-# a quarter of the MLP, ~36 GB of bf16 weights plus the 2.5 GB embedding table. All four GPUs
+# a quarter of the MLP, ~35 GB of bf16 layer weights plus the 2.5 GB embedding table. All four GPUs
 # work on every forward; every rank runs every session, captures the heads it holds, the head
 # mean is reduced across ranks and only rank 0 writes OUT. No KV cache is kept (one
 # teacher-forced forward per session and arm), so activations stay small.

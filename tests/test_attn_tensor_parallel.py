@@ -62,10 +62,12 @@ def eager_shares(model, token_ids: np.ndarray, spans: np.ndarray, layers: list[i
     return found
 
 
-def compare_with_eager(out: Path, model) -> float:
-    """Largest |stored - eager| over every stored session and arm, both layers, head mean and per-head values."""
+def compare_with_eager(out: Path, model, skip: tuple[str, ...] = ()) -> float:
+    """Largest |stored - eager| over the stored sessions and arms (but ``skip``), both layers, head mean and per-head values."""
     worst = 0.0
     for path in sorted((out / "sessions").glob("*.npz")):
+        if path.name in skip:
+            continue
         stored = np.load(path)
         layers = [int(x) for x in stored["layers"]]
         reference = eager_shares(model, stored["token_ids"], stored["spans"], layers)
@@ -134,7 +136,7 @@ def test_tensor_parallel_three_ranks_equal_eager_and_resume(two_session_run, tmp
     assert len({(r["system_id"], r["condition"], r["layer"], r["turn"]) for r in rows}) == len(rows) == 40
 
     model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32, attn_implementation="eager").eval()
-    worst = compare_with_eager(out, model)
+    worst = compare_with_eager(out, model, skip=(earlier.name,))  # the three arms the ranks measured
     assert worst < TOLERANCE, f"tensor-parallel shares differ from eager by {worst:.2e}"
 
 
