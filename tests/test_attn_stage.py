@@ -129,11 +129,18 @@ def test_ranks_split_sessions_and_rank0_merges(run_dir, tmp_path, monkeypatch):
     assert written == 0 and (tmp_path / "fig" / "turn_means_layer3.pdf").exists()
 
 
-def test_torn_shard_tail_is_cut_and_its_rows_recovered(run_dir, tmp_path):
+def test_torn_shard_tail_is_cut_and_its_rows_recovered(run_dir, tmp_path, monkeypatch):
     """Issue 9 item 7: a crash mid-append tears the shard's last line; the rerun neither fails nor loses rows."""
+    from sysbench_gpu import attn_hooks
+
+    class CaptureWithPaths(attn_hooks.AttentionShareCapture):
+        paths = {3: "fallback", 1: "kernel-lse"}  # what the capture reports it ran, where it reports it
+
+    monkeypatch.setattr(attn_hooks, "AttentionShareCapture", CaptureWithPaths)
     run, sessions = run_dir
     out = tmp_path / "attn"
     assert _run(run, out, "--limit", "2", "--no-figures") == 0
+    assert json.loads((out / "manifest.json").read_text())["capture_paths"] == {"1": "kernel-lse", "3": "fallback"}
     shard = out / "shards" / "rank0-of-1.jsonl"
     data = shard.read_bytes()
     shard.write_bytes(data[:-30])  # the last row of session 2 is cut mid-line; its .npz was written first
