@@ -10,8 +10,8 @@ Built from three kinds of numbers, kept apart in the output:
   overhead ratio measured by ``bench_attention_capture.py --json`` (``--bench-json``).
 * exact arithmetic: per-layer FLOPs and bytes from the model's configuration
   (default Qwen2-72B: 80 layers, hidden 8192, 64 heads over 8 KV heads, MLP 29568).
-* hardware assumptions, each a band (``--peak-tflops``, ``--mfu``, ``--hbm-tbps``,
-  ``--allreduce-gbps`` ...): the low end of the estimate takes the favourable side of
+* hardware: the device's datasheet peak, bandwidth and memory (``--device-spec``, the
+  roofline's table), and assumptions, each a band (``--mfu``, ``--allreduce-gbps`` ...): the low end of the estimate takes the favourable side of
   every band, the high end the other.
 
 Layouts (docs/attention.md, "Estimate: Qwen2-72B on 4 x H100"):
@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 import unicodedata
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +51,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sysbench_gpu.attention import conversation_turns  # noqa: E402
 from sysbench_gpu.attn_segments import fit_layout  # noqa: E402
+from sysbench_gpu.device_specs import load_device_spec  # noqa: E402
+from sysbench_gpu.roofline import ModelShape  # noqa: E402
 from sysbench_gpu.runstore import RunDir  # noqa: E402
 
 QWEN2_72B = {
+    "model_type": "qwen2",  # q/k/v carry biases
+    "tie_word_embeddings": False,
     "num_hidden_layers": 80,
     "hidden_size": 8192,
     "num_attention_heads": 64,
@@ -181,76 +185,47 @@ def time_saving(forwards: list[Forward], layers: int, repeats: int = 20) -> floa
 # ----------------------------------------------------------------- per-layer cost (exact arithmetic)
 
 
-@dataclass(frozen=True)
-class Shape:
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    vocab: int
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "Shape":
-        heads = config["num_attention_heads"]
-        return cls(config["num_hidden_layers"], config["hidden_size"], heads, config.get("num_key_value_heads") or heads,
-                   config["intermediate_size"], config["vocab_size"])
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @property
-    def kv_width(self) -> int:
-        return self.kv_heads * self.head_dim
-
-    @property
-    def attn_params(self) -> int:  # q, k, v (with Qwen2's biases) and o
-        return self.hidden * (self.hidden + 2 * self.kv_width) + (self.hidden + 2 * self.kv_width) + self.hidden * self.hidden
-
-    @property
-    def mlp_params(self) -> int:  # gate, up, down
-        return 3 * self.hidden * self.intermediate
-
-    @property
-    def total_params(self) -> int:
-        return self.layers * (self.attn_params + self.mlp_params + 2 * self.hidden) + 2 * self.vocab * self.hidden
+def _widths(shape: ModelShape) -> tuple[int, int]:
+    """(query width, key/value width) of one layer's projections."""
+    return shape.n_heads * shape.head_dim, shape.n_kv_heads * shape.head_dim
 
 
-def layer_flops(shape: Shape, tokens: int, full: bool = True) -> float:
+def layer_flops(shape: ModelShape, tokens: int, full: bool = True) -> float:
     """Matmul FLOPs of one decoder layer over ``tokens`` causal tokens (2 per multiply-add).
 
-    Projections: 2 T x params. Attention core: QK^T and PV over the causal triangle,
+    Projections: 2 T x matmul weights. Attention core: QK^T and PV over the causal triangle,
     2 x H x head_dim x T(T+1)/2 each. ``full=False``: the last captured layer, where the
     stage stops after attention (no o_proj, no MLP). Norms, RoPE and softmax are not counted (< 1%).
     """
     t = tokens
-    qkv = 2 * t * shape.hidden * (shape.hidden + 2 * shape.kv_width)
-    core = 2 * shape.hidden * t * (t + 1)
+    q_width, kv_width = _widths(shape)
+    core = 2 * q_width * t * (t + 1)
     if not full:
-        return qkv + core
-    return qkv + core + 2 * t * shape.hidden * shape.hidden + 2 * t * shape.mlp_params
+        return 2 * t * shape.hidden * (q_width + 2 * kv_width) + core
+    return 2 * t * shape.layer_matmul_params + core
 
 
-def layer_bytes(shape: Shape, tokens: int, full: bool = True, element: int = 2) -> float:
+def layer_bytes(shape: ModelShape, tokens: int, full: bool = True, element: int = 2) -> float:
     """HBM traffic of one layer: weights read once, each GEMM's and the fused attention's inputs read and outputs written once."""
-    t, d, kv, i = tokens, shape.hidden, shape.kv_width, shape.intermediate
-    weights = shape.hidden * (shape.hidden + 2 * kv)
-    acts = t * (d + (d + 2 * kv))  # qkv in, out
-    acts += t * ((d + 2 * kv) + d)  # attention core: q, k, v in; o out
+    t, d, i = tokens, shape.hidden, shape.intermediate
+    q, kv = _widths(shape)
+    weights = d * (q + 2 * kv)
+    acts = t * (d + (q + 2 * kv))  # qkv in, out
+    acts += t * ((q + 2 * kv) + q)  # attention core: q, k, v in; o out
     acts += 2 * t * d  # input norm read and write
     if full:
-        weights += shape.hidden * shape.hidden + shape.mlp_params
-        acts += t * (d + d) + 2 * t * d  # o_proj in/out, residual
+        weights = shape.layer_params
+        acts += t * (q + d) + 2 * t * d  # o_proj in/out, residual
         acts += t * (d + 2 * i) + t * (3 * i) + t * (i + d) + 2 * t * d  # gate/up, act*mul, down, norm + residual
     return element * (weights + acts)
 
 
-def capture_flops(shape: Shape, tokens: int, span_keys: int, path: str) -> float:
+def capture_flops(shape: ModelShape, tokens: int, span_keys: int, path: str) -> float:
     """Extra FLOPs of one captured layer: the span LSE only (kernel path), or a second QK^T pass (fallback)."""
+    q_width, _ = _widths(shape)
     if path == "kernel-lse":
-        return 2 * shape.hidden * tokens * span_keys
-    return shape.hidden * tokens * (tokens + 1)
+        return 2 * q_width * tokens * span_keys
+    return q_width * tokens * (tokens + 1)
 
 
 # ----------------------------------------------------------------- layouts (hardware assumptions)
@@ -269,7 +244,7 @@ class Hardware:
     gpu_memory_bytes: float
 
 
-def layer_seconds(shape: Shape, tokens: int, hw: Hardware, split: int, full: bool) -> float:
+def layer_seconds(shape: ModelShape, tokens: int, hw: Hardware, split: int, full: bool) -> float:
     """Roofline time of one layer on one of ``split`` GPUs that share it (split=1: the whole layer on one GPU)."""
     compute = layer_flops(shape, tokens, full) / split / (hw.peak_flops * hw.mfu)
     memory = layer_bytes(shape, tokens, full) / split / (hw.hbm_bytes_s * hw.hbm_efficiency)
@@ -280,7 +255,7 @@ def allreduce_seconds(bytes_: float, ranks: int, hw: Hardware) -> float:
     return hw.allreduce_latency_s + bytes_ * 2 * (ranks - 1) / ranks / hw.allreduce_bus_bytes_s
 
 
-def forward_seconds(shape: Shape, forward: Forward, hw: Hardware, layout: str, gpus: int, captured: int, capture_path: str) -> float:
+def forward_seconds(shape: ModelShape, forward: Forward, hw: Hardware, layout: str, gpus: int, captured: int, capture_path: str) -> float:
     """One teacher-forced forward up to the attention of the last layer, with capture at ``captured`` layers.
 
     ``layout``: ``one-gpu`` (the whole model on one GPU), ``device-map`` (layers over ``gpus`` GPUs,
@@ -289,24 +264,25 @@ def forward_seconds(shape: Shape, forward: Forward, hw: Hardware, layout: str, g
     split = gpus if layout == "tensor-parallel" else 1
     t = forward.tokens
     # Layers before the last run whole; the last stops after its attention (the capture ends the forward there).
-    seconds = (shape.layers - 1) * layer_seconds(shape, t, hw, split, True) + layer_seconds(shape, t, hw, split, False)
+    seconds = (shape.n_layers - 1) * layer_seconds(shape, t, hw, split, True) + layer_seconds(shape, t, hw, split, False)
     capture_rate = (hw.peak_flops if capture_path == "kernel-lse" else hw.fp32_flops) * hw.mfu
     seconds += captured * capture_flops(shape, t, forward.span_keys, capture_path) / split / capture_rate
     if layout == "tensor-parallel":
         # Row-parallel o_proj and down_proj each end in an all-reduce of the [T, hidden] bf16 activations.
-        seconds += 2 * (shape.layers - 1) * allreduce_seconds(2 * t * shape.hidden, gpus, hw)
+        seconds += 2 * (shape.n_layers - 1) * allreduce_seconds(2 * t * shape.hidden, gpus, hw)
     if layout == "device-map":
         seconds += (gpus - 1) * (2 * t * shape.hidden) / 50e9  # activations handed between GPUs (~50 GB/s peer copies)
     return seconds + hw.overhead_s
 
 
-def run_hours(shape: Shape, forwards: list["Forward"], hw: Hardware, layout: str, gpus: int, args: argparse.Namespace, host_s: float) -> float:
+def run_hours(shape: ModelShape, forwards: list["Forward"], hw: Hardware, layout: str, gpus: int, args: argparse.Namespace, host_s: float) -> float:
     """Hours for all forwards one after another in one process, host-side work included (it is not overlapped)."""
     seconds = sum(forward_seconds(shape, f, hw, layout, gpus, args.captured, args.capture_path) for f in forwards)
     return (seconds + host_s * len(forwards)) / 3600
 
 
 def bands(args: argparse.Namespace) -> tuple[Hardware, Hardware]:
+    device = load_device_spec(args.device_spec)
     """(favourable, unfavourable) hardware: the low and the high end of the estimate."""
     def pick(values: list[float], good_high: bool, favourable: bool) -> float:
         return max(values) if good_high == favourable else min(values)
@@ -314,15 +290,15 @@ def bands(args: argparse.Namespace) -> tuple[Hardware, Hardware]:
     made = []
     for favourable in (True, False):
         made.append(Hardware(
-            peak_flops=args.peak_tflops * 1e12,
+            peak_flops=device.peak_flops,
             fp32_flops=args.fp32_tflops * 1e12,
-            hbm_bytes_s=args.hbm_tbps * 1e12,
+            hbm_bytes_s=device.memory_bandwidth,
             mfu=pick(args.mfu, True, favourable),
             hbm_efficiency=pick(args.hbm_efficiency, True, favourable),
             allreduce_bus_bytes_s=pick(args.allreduce_gbps, True, favourable) * 1e9,
             allreduce_latency_s=pick(args.allreduce_latency_us, False, favourable) * 1e-6,
             overhead_s=pick(args.overhead_ms, False, favourable) * 1e-3,
-            gpu_memory_bytes=args.gpu_gib * (1 << 30),
+            gpu_memory_bytes=device.memory_bytes or float("inf"),
         ))
     return made[0], made[1]
 
@@ -372,7 +348,7 @@ def summarize_tokens(forwards: list[Forward]) -> dict[str, Any]:
     }
 
 
-def estimate(shape: Shape, forwards: list[Forward], args: argparse.Namespace, host_s: float, measured: dict[str, Any] | None) -> list[dict[str, Any]]:
+def estimate(shape: ModelShape, forwards: list[Forward], args: argparse.Namespace, host_s: float, measured: dict[str, Any] | None) -> list[dict[str, Any]]:
     hardware = bands(args)
     weights = shape.total_params * 2
     gpus = args.gpus
@@ -395,7 +371,7 @@ def estimate(shape: Shape, forwards: list[Forward], args: argparse.Namespace, ho
         row["mean_forward_s"] = [h * 3600 * gpus / len(forwards) for h in row["hours"]]
     else:
         replicas = gpus // 2
-        row["why"] = (f"bf16 weights are {weights / (1 << 30):.0f} GiB, more than one {args.gpu_gib:.0f} GiB GPU; "
+        row["why"] = (f"bf16 weights are {weights / (1 << 30):.0f} GiB, more than one {hardware[0].gpu_memory_bytes / 1e9:.0f} GB GPU; "
                       f"nearest: {replicas} replicas x device-map over 2 GPUs")
         row["hypothetical_hours"] = [run_hours(shape, forwards, hw, "device-map", 2, args, host_s) / replicas for hw in hardware]
     rows.append(row)
@@ -410,10 +386,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--gpus", type=int, default=4)
     parser.add_argument("--captured", type=int, default=2, help="captured layers (mid, last)")
     parser.add_argument("--capture-path", choices=("kernel-lse", "fallback"), default="kernel-lse")
-    parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak per GPU (H100 SXM)")
+    parser.add_argument("--device-spec", default="h100", help="h100, h200, a100 or a JSON file (sysbench_gpu/device_specs.py)")
     parser.add_argument("--fp32-tflops", type=float, default=67.0, help="fp32 peak without tensor cores (H100 SXM)")
-    parser.add_argument("--hbm-tbps", type=float, default=3.35, help="HBM bandwidth per GPU (H100 SXM)")
-    parser.add_argument("--gpu-gib", type=float, default=80.0)
     parser.add_argument("--mfu", type=float, nargs=2, default=[0.3, 0.6], help="band of the share of peak the forward reaches (transformers, no CUDA graphs)")
     parser.add_argument("--hbm-efficiency", type=float, nargs=2, default=[0.6, 0.9])
     parser.add_argument("--allreduce-gbps", type=float, nargs=2, default=[150.0, 350.0], help="band of NCCL bus bandwidth (NVLink)")
@@ -431,9 +405,9 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     config = json.loads(Path(args.config).read_text()) if args.config else QWEN2_72B
-    shape = Shape.from_config(config)
+    shape = ModelShape.from_config(config, name=Path(args.config).parent.name if args.config else "Qwen2-72B")
     specs = args.tokenizer or ["qwen-tiktoken"]
-    report: dict[str, Any] = {"model_shape": asdict(shape), "params": shape.total_params, "tokenizers": {}}
+    report: dict[str, Any] = {"model_shape": shape.summary(), "params": shape.total_params, "tokenizers": {}}
     forwards: list[Forward] = []
     host_layout_s = 0.0
     for position, spec in enumerate(specs):
@@ -454,7 +428,7 @@ def main() -> int:
     report["assumptions"] = {k: v for k, v in vars(args).items() if k not in ("run_dir", "tokenizer", "json", "config")}
     report["layouts"] = estimate(shape, forwards, args, host_s, measured)
 
-    print(f"model: {shape.layers} layers, hidden {shape.hidden}, {shape.heads} heads / {shape.kv_heads} KV heads, "
+    print(f"model: {shape.n_layers} layers, hidden {shape.hidden}, {shape.n_heads} heads / {shape.n_kv_heads} KV heads, "
           f"MLP {shape.intermediate}, {shape.total_params / 1e9:.1f} B parameters ({shape.total_params * 2 / 2**30:.0f} GiB bf16)")
     for name, stats in report["tokenizers"].items():
         print(f"tokens ({name}): {stats['forwards']} forwards over {stats['sessions']} sessions, sum {stats['sum_tokens']:,} "

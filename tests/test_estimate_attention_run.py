@@ -27,8 +27,8 @@ def estimate():
 
 
 def test_qwen2_72b_shape_and_layer_arithmetic(estimate):
-    shape = estimate.Shape.from_config(estimate.QWEN2_72B)
-    assert shape.head_dim == 128 and shape.kv_width == 1024
+    shape = estimate.ModelShape.from_config(estimate.QWEN2_72B)
+    assert shape.head_dim == 128 and shape.n_kv_heads * shape.head_dim == 1024 and shape.qkv_bias
     assert abs(shape.total_params / 72.7e9 - 1) < 0.005  # Qwen2-72B's published size
     t = 1000
     matmul_weights = 8192 * (8192 + 2 * 1024) + 8192 * 8192 + 3 * 8192 * 29568
@@ -41,7 +41,7 @@ def test_qwen2_72b_shape_and_layer_arithmetic(estimate):
 
 
 def test_tensor_parallel_splits_the_work_and_pays_all_reduces(estimate):
-    shape = estimate.Shape.from_config(estimate.QWEN2_72B)
+    shape = estimate.ModelShape.from_config(estimate.QWEN2_72B)
     hw = estimate.Hardware(989e12, 67e12, 3.35e12, 0.5, 0.8, 250e9, 20e-6, 0.0, 80 * 2**30)
     forward = estimate.Forward(1, "system", 2000, 300)
     whole = estimate.forward_seconds(shape, forward, hw, "device-map", 4, 2, "kernel-lse")
@@ -93,5 +93,5 @@ def test_estimate_end_to_end_on_a_small_run(estimate, tmp_path, dataset, monkeyp
     layouts = {row["layout"]: row for row in report["layouts"]}
     assert layouts["tensor-parallel"]["hours"][0] < layouts["device-map"]["hours"][0]
     assert layouts["tensor-parallel"]["hours"][0] < layouts["tensor-parallel"]["hours"][1]
-    assert layouts["data-parallel"]["fits"] is False and "more than one 80 GiB GPU" in layouts["data-parallel"]["why"]
+    assert layouts["data-parallel"]["fits"] is False and "more than one 80 GB GPU" in layouts["data-parallel"]["why"]
     assert "| tensor-parallel | 34 GiB |" in capsys.readouterr().out
