@@ -226,6 +226,11 @@ class JsonlStore(Generic[Record]):
         return count
 
 
+def cut_torn_tail(path: Path) -> None:
+    """Cut an unterminated last line (torn by a crash) off any append-only line file; call it under the writer's lock."""
+    JsonlStore(path, from_dict=None)._cut_torn_tail()
+
+
 def _lock(fd: int) -> None:
     try:
         import fcntl
