@@ -27,51 +27,41 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
-import os
-import shutil
 import sys
+import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from sysbench_gpu.data import Constraint, Session, parse_session_ids, select_sessions
+from sysbench_gpu.data import Constraint, Session, SessionIds, parse_session_ids, select_sessions
 from sysbench_gpu.engines.base import ChatMessage, Completion, SamplingSpec
 from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.judge_cache import CACHE_DIRNAME, CachedReply, JudgeCache, cache_key
+from sysbench_gpu.judge_cache import CACHE_DIRNAME, CacheEntryError, CachedReply, JudgeCache, cache_key
+from sysbench_gpu.judge_ledger import (  # noqa: F401 (LEDGER, PRICES_PER_MTOK, price_for: public through here too)
+    LEDGER,
+    LEDGER_JOURNAL,
+    PRICES_PER_MTOK,
+    JudgeLedger,
+    PaidReply,
+    estimate_cost,
+    estimate_tokens,
+    price_for,
+)
 from sysbench_gpu.judge_parse import parse_reply
 from sysbench_gpu.judge_prompt import HistoryMessage, JudgeTemplate, load_template, render_prompt, verdict_schema
-from sysbench_gpu.runstore import (
-    GENERATIONS,
-    MANIFEST,
-    GenerationRecord,
-    JudgmentRecord,
-    RunDir,
-    session_to_upstream,
-    utc_now,
-    write_bytes_atomic,
-    write_json_atomic,
-)
+from sysbench_gpu.judge_rejudge import RETRIED, prepare_rejudge, set_aside_unparsed, unparsed_keys  # noqa: F401
+from sysbench_gpu.locks import is_primary_rank, stage_lock
+from sysbench_gpu.runstore import JUDGMENTS, MANIFEST, GenerationRecord, JudgmentRecord, RunDir, utc_now
 
 log = logging.getLogger(__name__)
 
 JUDGE_BACKENDS = ("openai", "vllm", "hf")
-LEDGER = "judge_ledger.json"
+STAGE = "judge"
 DEFAULT_MAX_RETRIES = 10
 DEFAULT_MAX_TOKENS = 1024
 RETRY_TEMPERATURES = (0.0, 0.5)  # first half of the attempts, second half
-
-# USD per million tokens (input, output), list prices as published by OpenAI in 2024-25.
-# Estimates only: check your provider. Longest matching prefix wins (gpt-4o-mini before gpt-4o).
-PRICES_PER_MTOK: dict[str, tuple[float, float]] = {
-    "gpt-4o-mini": (0.15, 0.60),
-    "gpt-4o": (2.50, 10.00),
-    "gpt-4-turbo": (10.00, 30.00),
-    "gpt-4.1-mini": (0.40, 1.60),
-    "gpt-4.1": (2.00, 8.00),
-    "gpt-3.5-turbo": (0.50, 1.50),
-}
+REJUDGE_WAIT_S = 600.0  # how long a non-primary rank waits for the primary to copy a --rejudge run
 
 
 # ----------------------------------------------------------------------------- plan
@@ -186,89 +176,6 @@ def temperature_for(attempt: int, max_retries: int) -> float:
     return RETRY_TEMPERATURES[0] if attempt < max_retries / 2 else RETRY_TEMPERATURES[1]
 
 
-# ----------------------------------------------------------------------------- ledger
-
-
-def price_for(model: str) -> tuple[float, float] | None:
-    name = model.lower().rsplit("/", 1)[-1]
-    best = None
-    for prefix in PRICES_PER_MTOK:
-        if name.startswith(prefix) and (best is None or len(prefix) > len(best)):
-            best = prefix
-    return PRICES_PER_MTOK[best] if best else None
-
-
-def estimate_cost(model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
-    price = price_for(model)
-    if price is None:
-        return None
-    return round((prompt_tokens * price[0] + completion_tokens * price[1]) / 1e6, 6)
-
-
-def estimate_tokens(text: str) -> int:
-    """Rough token count without a tokenizer: one per CJK character, one per four others."""
-    wide = sum(1 for ch in text if ord(ch) > 0x2E80)
-    return wide + math.ceil((len(text) - wide) / 4)
-
-
-@dataclass
-class JudgeLedger:
-    """Requests sent and tokens spent by the judge of one run (cumulative across resumes)."""
-
-    path: Path
-    model: str
-    requests: int = 0
-    cache_hits: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-    @classmethod
-    def load(cls, path: Path, model: str) -> "JudgeLedger":
-        ledger = cls(path=path, model=model)
-        if path.is_file():
-            try:
-                obj = json.loads(path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as error:
-                raise SysbenchError(f"{path}: not valid JSON ({error.msg})") from None
-            entry = obj.get("models", {}).get(model, {})
-            ledger.requests = int(entry.get("requests", 0))
-            ledger.cache_hits = int(entry.get("cache_hits", 0))
-            ledger.prompt_tokens = int(entry.get("prompt_tokens", 0))
-            ledger.completion_tokens = int(entry.get("completion_tokens", 0))
-        return ledger
-
-    def add(self, completion: Completion | CachedReply, from_cache: bool) -> None:
-        if from_cache:
-            self.cache_hits += 1
-            return
-        self.requests += 1
-        self.prompt_tokens += completion.prompt_tokens or 0
-        self.completion_tokens += getattr(completion, "output_tokens", None) or 0
-
-    def summary(self) -> dict[str, Any]:
-        price = price_for(self.model)
-        return {
-            "requests": self.requests,
-            "cache_hits": self.cache_hits,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "price_usd_per_mtok": {"input": price[0], "output": price[1]} if price else None,
-            "estimated_cost_usd": estimate_cost(self.model, self.prompt_tokens, self.completion_tokens),
-        }
-
-    def save(self) -> None:
-        obj: dict[str, Any] = {}
-        if self.path.is_file():
-            try:
-                obj = json.loads(self.path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError:
-                obj = {}
-        obj.setdefault("models", {})[self.model] = self.summary()
-        obj["updated"] = utc_now()
-        obj["note"] = "estimated_cost_usd uses list prices from sysbench_gpu.judge.PRICES_PER_MTOK; null = unknown model"
-        write_json_atomic(self.path, obj)
-
-
 # ----------------------------------------------------------------------------- judging
 
 
@@ -374,19 +281,28 @@ class JudgeSummary:
 
 
 class _Recorder:
-    """Appends finished records, keeps counts and the ledger (main thread only)."""
+    """Where finished work goes: records, the ledger and the cache; nothing at all when ``writes`` is False.
 
-    def __init__(self, run: RunDir, ledger: JudgeLedger, summary: JudgeSummary) -> None:
+    ``paid`` counts replies in the ledger's journal *before* caching them, so a
+    cached reply has always been counted (see ``judge_ledger``).
+    """
+
+    def __init__(
+        self, run: RunDir, ledger: JudgeLedger, summary: JudgeSummary, cache: JudgeCache | None, writes: bool
+    ) -> None:
         self.run = run
         self.ledger = ledger
         self.summary = summary
-        self.known = run.judgments.keys()
+        self.cache = cache
+        self.writes = writes
 
     def write(self, records: Iterable[JudgmentRecord]) -> None:
+        """Append finished records (main thread only)."""
         records = list(records)
         if not records:
             return
-        self.run.judgments.append(records, existing=self.known)
+        if self.writes:
+            self.run.judgments.append(records)
         for record in records:
             if record.parse_status == "ok":
                 self.summary.judged += 1
@@ -395,6 +311,17 @@ class _Recorder:
             elif record.parse_status == "skipped":
                 self.summary.skipped += 1
         self.ledger.save()
+
+    def paid(self, arrived: Sequence[tuple[JudgeTask, int, str | None, CachedReply]]) -> None:
+        """Replies that just came back, as (task, attempt, cache key, reply): counted, then cached."""
+        self.ledger.paid([PaidReply(r.prompt_tokens, r.output_tokens, t.label, attempt) for t, attempt, _, r in arrived])
+        if self.writes and self.cache is not None:
+            for _, _, key, reply in arrived:
+                if key is not None:
+                    self.cache.put(key, reply)
+
+    def hits(self, count: int) -> None:
+        self.ledger.cache_hits(count)
 
 
 def _cache_lookup(cache: JudgeCache | None, settings: JudgeSettings, task: JudgeTask, sampling: SamplingSpec, attempt: int) -> tuple[str | None, CachedReply | None]:
@@ -429,16 +356,17 @@ def judge_tasks_api(
 ) -> None:
     """One task per worker thread (bounded), each running its own attempt loop via ``chat_one``."""
 
-    def run_one(task: JudgeTask) -> tuple[_TaskState, list[tuple[CachedReply, bool]], SysbenchError | None]:
+    def run_one(task: JudgeTask) -> tuple[_TaskState, SysbenchError | None]:
         state = _TaskState(task)
-        usage: list[tuple[CachedReply, bool]] = []
         try:
-            _attempts(task, state, usage)
+            _attempts(task, state)
+        except CacheEntryError:
+            raise  # not a request that failed: stop the run and name the file
         except SysbenchError as error:
-            return state, usage, error
-        return state, usage, None
+            return state, error
+        return state, None
 
-    def _attempts(task: JudgeTask, state: _TaskState, usage: list[tuple[CachedReply, bool]]) -> None:
+    def _attempts(task: JudgeTask, state: _TaskState) -> None:
         while state.record is None:
             attempt = state.attempts
             sampling = settings.sampling(attempt, task.numbers)
@@ -446,12 +374,10 @@ def judge_tasks_api(
             if cached is None:
                 completion = engine.chat_one(task.messages(), sampling, request_id=task.label)
                 cached = _to_cached(completion)
-                if cache is not None and key is not None:
-                    cache.put(key, cached)
-                usage.append((cached, False))
+                recorder.paid([(task, attempt, key, cached)])
                 state.take(cached, False, settings)
             else:
-                usage.append((cached, True))
+                recorder.hits(1)
                 state.take(cached, True, settings)
 
     queue = list(tasks)
@@ -467,9 +393,7 @@ def judge_tasks_api(
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
                 task = running.pop(future)
-                state, usage, error = future.result()
-                for reply, from_cache in usage:
-                    recorder.ledger.add(reply, from_cache)
+                state, error = future.result()
                 if error is not None:
                     # Bounded retries are spent: start nothing new, let running tasks finish.
                     # The turn gets no record, so a rerun asks again (earlier replies come from the cache).
@@ -515,16 +439,17 @@ def judge_tasks_batched(
             completions = engine.chat([pending[i].task.messages() for i, _ in members], sampling)
             if len(completions) != len(members):
                 raise SysbenchError(f"{settings.backend} engine returned {len(completions)} replies for {len(members)} prompts")
+            arrived = []
             for (index, key), completion in zip(members, completions):
                 reply = _to_cached(completion)
-                if cache is not None and key is not None:
-                    cache.put(key, reply)
                 replies[index] = (reply, False)
+                arrived.append((pending[index].task, attempt, key, reply))
+            recorder.paid(arrived)
+        recorder.hits(sum(1 for _, from_cache in replies.values() if from_cache))
         still: list[_TaskState] = []
         finished: list[JudgmentRecord] = []
         for index, state in enumerate(pending):
             reply, from_cache = replies[index]
-            recorder.ledger.add(reply, from_cache)
             if state.take(reply, from_cache, settings):
                 finished.append(state.record)
             else:
@@ -556,44 +481,6 @@ def _drop_overlong(states: list[_TaskState], engine: Any, settings: JudgeSetting
     return keep
 
 
-RETRIED = "judgments.retried.jsonl"
-
-
-def set_aside_unparsed(run: RunDir, system_ids: set[int]) -> int:
-    """Move the ``unparsed`` records of these sessions out of judgments.jsonl (kept in RETRIED).
-
-    The kept lines are rewritten byte for byte into a temporary file that replaces
-    the original atomically; the moved ones are appended to RETRIED first, so a
-    crash in between loses nothing (at worst a record is in both files).
-    """
-    path = run.judgments.path
-    if not path.is_file():
-        return 0
-    run.judgments.read()  # validates the file (and tolerates a torn last line)
-    kept: list[bytes] = []
-    moved: list[bytes] = []
-    for line in path.read_bytes().splitlines(keepends=True):
-        if not line.endswith(b"\n"):
-            continue  # a torn last line: dropped, as the store does
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            kept.append(line)
-            continue
-        if obj.get("parse_status") == "unparsed" and obj.get("system_id") in system_ids:
-            moved.append(line)
-        else:
-            kept.append(line)
-    if not moved:
-        return 0
-    with open(run.path / RETRIED, "ab") as handle:
-        handle.write(b"".join(moved))
-        handle.flush()
-        os.fsync(handle.fileno())
-    write_bytes_atomic(path, b"".join(kept))
-    return len(moved)
-
-
 def _check_consistent(existing: dict, settings: JudgeSettings, run: RunDir) -> None:
     """Refuse to mix judges or templates inside one run's judgments."""
     for record in existing.values():
@@ -614,58 +501,95 @@ def judge_run(
     engine_factory: Callable[[], Any],
     limit: int | None = None,
     show_progress: bool = True,
-    system_ids: Sequence[int] | None = None,
+    system_ids: SessionIds | Sequence[int] | None = None,
     retry_unparsed: bool = False,
+    *,
+    primary: bool = True,
+    lock: bool = True,
 ) -> JudgeSummary:
     """Judge every pending turn of ``run``; the engine is built only when there is work.
 
     ``retry_unparsed`` first sets the chosen sessions' ``unparsed`` records aside
     (into ``judgments.retried.jsonl``) and asks those turns again under a new cache
     round, so the replies that failed are not replayed from the cache.
+
+    Only a primary process writes (records, ledger, cache, manifest): ``primary``
+    is False on the non-primary ranks of a torchrun launch, and an engine whose
+    ``is_primary`` is False makes it so too. Nothing is written before the engine
+    is built, so every rank plans from the same files. ``lock``: hold the judge's
+    stage lock of ``run`` for the call (False when the caller holds it already).
     """
     run.require()
+    with stage_lock(run.path, STAGE, enabled=lock and primary):
+        return _judge_run(run, settings, engine_factory, limit, show_progress, system_ids, retry_unparsed, primary)
+
+
+def _judge_run(
+    run: RunDir,
+    settings: JudgeSettings,
+    engine_factory: Callable[[], Any],
+    limit: int | None,
+    show_progress: bool,
+    system_ids: SessionIds | Sequence[int] | None,
+    retry_unparsed: bool,
+    primary: bool,
+) -> JudgeSummary:
     sessions = run.load_sessions()
     generations = run.generations.read()
     existing = run.judgments.read()
     _check_consistent(existing, settings, run)
-    retried = 0
+    retry: set[tuple[int, int]] = set()
     if retry_unparsed:
         chosen = {s.system_id for s in select_sessions(sessions, system_ids, limit, source=run.sessions_path)}
-        retried = set_aside_unparsed(run, chosen)
-        if retried:
-            previous = run.read_manifest().get("stages", {}).get("judge", {}).get("retry_rounds", 0)
+        retry = unparsed_keys(run, chosen)
+        if retry:
+            previous = run.stage_section(STAGE).get("retry_rounds", 0)
             settings = replace(settings, retry_round=int(previous) + 1)
-            existing = run.judgments.read()
+            existing = {k: r for k, r in existing.items() if k not in retry}
     plan = plan_judging(
         sessions, generations, set(existing), settings.template, limit, settings.model, imported_history_mode(run), system_ids
     )
-    summary = JudgeSummary(already_judged=plan.already_judged, not_generated=plan.not_generated, retried_unparsed=retried)
-    ledger = JudgeLedger.load(run.path / LEDGER, settings.model)
-    recorder = _Recorder(run, ledger, summary)
-    recorder.write(plan.skipped)
-    started = utc_now()
     cache = JudgeCache(settings.cache_dir) if settings.cache_dir is not None else None
-    requests_before, hits_before = ledger.requests, ledger.cache_hits
+    if primary:
+        # Before a model loads or a request is paid for: can every file of this stage be written?
+        run.ensure_writable([JUDGMENTS, LEDGER, LEDGER_JOURNAL, RETRIED, MANIFEST])
+        if cache is not None:
+            cache.check_writable()
+    engine = engine_factory() if plan.tasks else None
+    writes = primary and bool(getattr(engine, "is_primary", True))
+    summary = JudgeSummary(already_judged=plan.already_judged, not_generated=plan.not_generated)
+    if writes:
+        summary.retried_unparsed = set_aside_unparsed(run, retry)
+    ledger = JudgeLedger.load(run.path, settings.model, writes=writes)
+    recorder = _Recorder(run, ledger, summary, cache, writes)
+    started = utc_now()
+    before = ledger.current()
     engine_info: dict[str, Any] = {}
-    if plan.tasks:
-        engine = engine_factory()
-        try:
+    try:
+        recorder.write(plan.skipped)
+        if engine is not None:
+            if writes:
+                run.update_manifest(stage=STAGE, status="running", started=started)
             from tqdm import tqdm
 
-            with tqdm(total=len(plan.tasks), desc="judge", unit="turn", file=sys.stderr, disable=not show_progress) as bar:
+            shown = show_progress and writes
+            with tqdm(total=len(plan.tasks), desc="judge", unit="turn", file=sys.stderr, disable=not shown) as bar:
                 if settings.backend == "openai":
                     judge_tasks_api(plan.tasks, engine, settings, cache, recorder, bar)
                 else:
                     judge_tasks_batched(plan.tasks, engine, settings, cache, recorder, bar)
             engine_info = engine.describe()
-        finally:
+    finally:
+        if engine is not None:
             engine.close()
-    summary.requests = ledger.requests - requests_before
-    summary.cache_hits = ledger.cache_hits - hits_before
-    ledger.save()
-    _write_manifest(run, settings, summary, engine_info, started, limit, system_ids)
-    if retried:
-        run.update_manifest(stage="judge", retry_rounds=settings.retry_round)
+    after = ledger.current()
+    summary.requests = after.requests - before.requests
+    summary.cache_hits = after.cache_hits - before.cache_hits
+    if writes:
+        ledger.save()
+        _write_manifest(run, settings, summary, engine_info, started, limit, system_ids, ledger)
+        if retry:
+            run.update_manifest(stage=STAGE, retry_rounds=settings.retry_round)
     if summary.api_errors:
         first = summary.api_errors[0]
         raise SysbenchError(
@@ -682,13 +606,15 @@ def _write_manifest(
     engine_info: dict,
     started: str,
     limit: int | None,
-    system_ids: Sequence[int] | None,
+    system_ids: SessionIds | Sequence[int] | None,
+    ledger: JudgeLedger,
 ) -> None:
     judgments = run.judgments.read()
     statuses: dict[str, int] = {}
     for record in judgments.values():
         statuses[record.parse_status] = statuses.get(record.parse_status, 0) + 1
     fields: dict[str, Any] = {
+        "status": "stopped" if summary.api_errors else "complete",
         "backend": settings.backend,
         "judge_model": settings.model,
         "template": {
@@ -707,18 +633,18 @@ def _write_manifest(
         "system_ids": list(system_ids) if system_ids is not None else None,
         "last_call": {"started": started, "finished": utc_now(), **asdict(summary)},
         "judgments_by_status": statuses,
-        "ledger": JudgeLedger.load(run.path / LEDGER, settings.model).summary(),
+        "ledger": ledger.summary(),
     }
     if engine_info:
         fields["engine"] = engine_info
-    run.update_manifest(stage="judge", **fields)
+    run.update_manifest(stage=STAGE, **fields)
 
 
 # ----------------------------------------------------------------------------- dry run
 
 
 def dry_run_report(
-    run: RunDir, settings: JudgeSettings, limit: int | None, fresh: bool = False, system_ids: Sequence[int] | None = None
+    run: RunDir, settings: JudgeSettings, limit: int | None, fresh: bool = False, system_ids: SessionIds | Sequence[int] | None = None
 ) -> dict[str, Any]:
     """What judging would send, without building an engine or sending anything.
 
@@ -754,55 +680,6 @@ def dry_run_report(
         else 0.0,
         "note": f"first attempts only; each parse failure adds a request (up to {settings.max_retries} per turn)",
     }
-
-
-# ----------------------------------------------------------------------------- rejudge
-
-
-def prepare_rejudge(source: RunDir, out: Path, limit: int | None, system_ids: Sequence[int] | None = None) -> RunDir:
-    """Copy a run's sessions and generations (``system_ids``, then the first ``limit``) into a new run dir.
-
-    Calling it again on the same ``out`` checks that the copy still matches and
-    resumes; an ``out`` holding other generations is an error.
-    """
-    source.require()
-    sessions = source.load_sessions()
-    chosen = select_sessions(sessions, system_ids, limit, source=source.sessions_path)
-    ids = {s.system_id for s in chosen}
-    generations = [r for r in source.generations.read().values() if r.system_id in ids]
-    if not generations:
-        raise SysbenchError(f"{source.path / GENERATIONS}: no generations to re-judge")
-    target = RunDir(out)
-    if (target.path / MANIFEST).is_file():
-        have = target.generations.read()
-        want = {r.key: r for r in generations}
-        if set(have) != set(want) or any(have[k].response != want[k].response for k in want):
-            raise SysbenchError(
-                f"{target.path}: already a run directory with other generations than {source.path}; choose a new --out"
-            )
-        return target
-    if target.path.exists() and any(target.path.iterdir()):
-        raise SysbenchError(f"{target.path}: exists and is not empty; choose a new --out")
-    target.path.mkdir(parents=True, exist_ok=True)
-    if limit is None and system_ids is None:
-        shutil.copyfile(source.sessions_path, target.sessions_path)
-    else:
-        write_json_atomic(target.sessions_path, [session_to_upstream(s) for s in chosen])
-    target.generations.append(sorted(generations, key=lambda r: r.key), existing=set())
-    src_manifest = source.read_manifest()
-    target.update_manifest(
-        rejudged_from={
-            "path": str(source.path.resolve()),
-            "sessions": len(chosen),
-            "turns": len(generations),
-            "created": src_manifest.get("created"),
-        },
-        **{k: src_manifest[k] for k in ("dataset",) if k in src_manifest},
-    )
-    stages = {k: v for k, v in src_manifest.get("stages", {}).items() if k != "judge"}
-    for stage, section in stages.items():
-        target.update_manifest(stage=stage, **section)
-    return target
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -858,13 +735,15 @@ def _engine_options(pairs: Sequence[str]) -> dict[str, Any]:
             options[key.strip()] = json.loads(value)
         except json.JSONDecodeError:
             options[key.strip()] = value
+        except RecursionError:
+            raise SysbenchError(f"--engine-option {key.strip()}: value nested too deeply") from None
     return options
 
 
-def make_engine_factory(args: argparse.Namespace, settings: JudgeSettings) -> Callable[[], Any]:
+def make_engine_factory(args: argparse.Namespace, settings: JudgeSettings, options: dict[str, Any]) -> Callable[[], Any]:
+    """Builds the judge's engine when called (only when there is work); ``options``: parsed --engine-option."""
     from sysbench_gpu.engines import get_engine
 
-    options = _engine_options(args.engine_option)
     if settings.backend == "openai":
         if options:
             raise SysbenchError("--engine-option applies to vllm and hf judges")
@@ -901,17 +780,18 @@ def main(args: argparse.Namespace) -> int:
         raise SysbenchError(f"--concurrency must be at least 1, got {args.concurrency}")
     system_ids = parse_session_ids(args.sessions)
     template = load_template(args.template, args.template_lang)
+    options = _engine_options(args.engine_option)
+    primary = is_primary_rank(options)
     source = RunDir(args.run_dir)
     if args.rejudge:
         if not args.out:
             raise SysbenchError("--rejudge needs --out NEW_RUN_DIR")
-        if args.dry_run:
-            source.require()
-        run = prepare_rejudge(source, Path(args.out), args.limit, system_ids) if not args.dry_run else source
+        source.require()
+        run = source if args.dry_run else RunDir(args.out)
     else:
         if args.out:
             raise SysbenchError("--out applies only with --rejudge")
-        run = source
+        run = source.require()
     home = Path(args.out) if args.rejudge else run.path
     cache_dir = None if args.no_cache else Path(args.cache_dir) if args.cache_dir else home / CACHE_DIRNAME
     settings = JudgeSettings(
@@ -940,20 +820,42 @@ def main(args: argparse.Namespace) -> int:
             print(f"  skipped (no reply)  {report['turns_skipped_no_response']}; already judged {report['turns_already_judged']}; "
                   f"not generated {report['turns_not_generated']}")
         return 0
-    # A rejudge copy holds only the chosen sessions.
-    limit = None if args.rejudge else args.limit
-    chosen_ids = None if args.rejudge else system_ids
-    summary = judge_run(
-        run,
-        settings,
-        make_engine_factory(args, settings),
-        limit=limit,
-        system_ids=chosen_ids,
-        retry_unparsed=args.retry_unparsed,
-    )
-    print(
-        f"{run.path}: judged {summary.judged}, unparsed {summary.unparsed}, skipped {summary.skipped}, "
-        f"already judged {summary.already_judged}, not generated {summary.not_generated}; "
-        f"requests {summary.requests}, cache hits {summary.cache_hits}"
-    )
+    # One writer: the lock covers a --rejudge set-up and the judging that follows it.
+    with stage_lock(run.path, STAGE, enabled=primary):
+        if args.rejudge:
+            if primary:
+                prepare_rejudge(source, run.path, args.limit, system_ids)
+            else:
+                _wait_for_rejudge_copy(run)
+        # A rejudge copy holds only the chosen sessions.
+        limit = None if args.rejudge else args.limit
+        chosen_ids = None if args.rejudge else system_ids
+        summary = judge_run(
+            run,
+            settings,
+            make_engine_factory(args, settings, options),
+            limit=limit,
+            system_ids=chosen_ids,
+            retry_unparsed=args.retry_unparsed,
+            primary=primary,
+            lock=False,
+        )
+    if primary:
+        print(
+            f"{run.path}: judged {summary.judged}, unparsed {summary.unparsed}, skipped {summary.skipped}, "
+            f"already judged {summary.already_judged}, not generated {summary.not_generated}; "
+            f"requests {summary.requests}, cache hits {summary.cache_hits}"
+        )
     return 0
+
+
+def _wait_for_rejudge_copy(run: RunDir, timeout_s: float = REJUDGE_WAIT_S) -> None:
+    """A non-primary rank reads the --rejudge copy only once the primary has finished making it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (run.path / MANIFEST).is_file():
+            rejudged = run.read_manifest().get("rejudged_from")
+            if isinstance(rejudged, dict) and rejudged.get("setup", "complete") == "complete":
+                return
+        time.sleep(0.2)
+    raise SysbenchError(f"{run.path}: the primary rank did not finish the --rejudge copy within {timeout_s:.0f} s")
