@@ -38,7 +38,8 @@ def _lock(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd is closed
 
 
-def _same_file(fd: int, path: Path) -> bool:
+def same_file(fd: int, path: Path) -> bool:
+    """Whether ``fd`` is still the file at ``path`` (not replaced or unlinked since it was opened)."""
     try:
         on_disk = os.stat(path)
     except FileNotFoundError:
@@ -56,7 +57,7 @@ def open_locked(path: Path) -> int:
         except OSError as error:
             raise SysbenchError(f"{path}: cannot open for writing ({error.strerror or error})") from None
         _lock(fd)
-        if _same_file(fd, path):  # not replaced (e.g. by an atomic rewrite) while we waited
+        if same_file(fd, path):  # not replaced (e.g. by an atomic rewrite) while we waited
             _cut_torn_tail(fd)
             return fd
         os.close(fd)

@@ -17,7 +17,11 @@ Guarantees:
 - Replies are parsed without eval (``judge_parse``). Attempt ``i`` of ``n`` runs at
   temperature 0 while ``i < n / 2`` and at 0.5 after (upstream's schedule).
 - Records are appended as they complete, replies are cached by content
-  (``judge_cache``), so an interrupted run resumes without asking twice.
+  (``judge_cache``), so an interrupted run resumes without asking twice; every
+  reply is counted in the ledger's journal before it is cached (``judge_ledger``),
+  so it is counted exactly once, kill or no kill.
+- One writer: the call holds the run's judge lock (``locks``); under torchrun only
+  the primary rank writes anything.
 - An API error that survives the engine's bounded retries stops the run cleanly:
   finished judgments stay, and the error names the session and turn.
 """
@@ -38,19 +42,10 @@ from sysbench_gpu.data import Constraint, Session, SessionIds, parse_session_ids
 from sysbench_gpu.engines.base import ChatMessage, Completion, SamplingSpec
 from sysbench_gpu.errors import SysbenchError
 from sysbench_gpu.judge_cache import CACHE_DIRNAME, CacheEntryError, CachedReply, JudgeCache, cache_key
-from sysbench_gpu.judge_ledger import (  # noqa: F401 (LEDGER, PRICES_PER_MTOK, price_for: public through here too)
-    LEDGER,
-    LEDGER_JOURNAL,
-    PRICES_PER_MTOK,
-    JudgeLedger,
-    PaidReply,
-    estimate_cost,
-    estimate_tokens,
-    price_for,
-)
+from sysbench_gpu.judge_ledger import LEDGER, LEDGER_JOURNAL, JudgeLedger, PaidReply, estimate_cost, estimate_tokens
 from sysbench_gpu.judge_parse import parse_reply
 from sysbench_gpu.judge_prompt import HistoryMessage, JudgeTemplate, load_template, render_prompt, verdict_schema
-from sysbench_gpu.judge_rejudge import RETRIED, prepare_rejudge, set_aside_unparsed, unparsed_keys  # noqa: F401
+from sysbench_gpu.judge_rejudge import RETRIED, prepare_rejudge, set_aside_unparsed, unparsed_keys
 from sysbench_gpu.locks import is_primary_rank, stage_lock
 from sysbench_gpu.runstore import JUDGMENTS, MANIFEST, GenerationRecord, JudgmentRecord, RunDir, utc_now
 
@@ -550,6 +545,7 @@ def _judge_run(
         sessions, generations, set(existing), settings.template, limit, settings.model, imported_history_mode(run), system_ids
     )
     cache = JudgeCache(settings.cache_dir) if settings.cache_dir is not None else None
+    ledger = JudgeLedger.load(run.path, settings.model, writes=False)
     if primary:
         # Before a model loads or a request is paid for: can every file of this stage be written?
         run.ensure_writable([JUDGMENTS, LEDGER, LEDGER_JOURNAL, RETRIED, MANIFEST])
@@ -560,7 +556,7 @@ def _judge_run(
     summary = JudgeSummary(already_judged=plan.already_judged, not_generated=plan.not_generated)
     if writes:
         summary.retried_unparsed = set_aside_unparsed(run, retry)
-    ledger = JudgeLedger.load(run.path, settings.model, writes=writes)
+        ledger.start_writing()
     recorder = _Recorder(run, ledger, summary, cache, writes)
     started = utc_now()
     before = ledger.current()
@@ -787,6 +783,8 @@ def main(args: argparse.Namespace) -> int:
         if not args.out:
             raise SysbenchError("--rejudge needs --out NEW_RUN_DIR")
         source.require()
+        # A bad selection is refused before --out is even created.
+        select_sessions(source.load_sessions(), system_ids, args.limit, source=source.sessions_path)
         run = source if args.dry_run else RunDir(args.out)
     else:
         if args.out:

@@ -93,14 +93,15 @@ class PaidReply:
 class JudgeLedger:
     """The journal and totals of one run's judge; ``model`` is the judge this call counts for.
 
-    ``writes=False`` (a non-primary rank) keeps the totals in memory and writes nothing.
+    Until :meth:`start_writing` (never, on a non-primary rank) totals are kept in memory only.
     """
 
-    def __init__(self, run_path: Path, model: str, writes: bool = True) -> None:
+    def __init__(self, run_path: Path, model: str) -> None:
         self.run_path = Path(run_path)
         self.model = model
-        self.writes = writes
+        self.writes = False
         self.totals: dict[str, LedgerTotals] = {}
+        self._carried: list[bytes] = []  # old summary totals, journaled when writing starts
         self._lock = threading.Lock()
 
     @property
@@ -113,13 +114,23 @@ class JudgeLedger:
 
     @classmethod
     def load(cls, run_path: Path, model: str, writes: bool = True) -> "JudgeLedger":
-        ledger = cls(run_path, model, writes)
-        if not ledger.journal_path.exists() and ledger.summary_path.is_file() and writes:
-            ledger._carry_over_summary()
+        """Read (and validate) the journal; ``writes``: start writing at once (see :meth:`start_writing`)."""
+        ledger = cls(run_path, model)
         if ledger.journal_path.exists():
             for number, line in complete_lines(ledger.journal_path.read_bytes()):
                 ledger._apply(_journal_entry(ledger.journal_path, number, line))
+        elif ledger.summary_path.is_file():
+            ledger._carry_over_summary()
+        if writes:
+            ledger.start_writing()
         return ledger
+
+    def start_writing(self) -> None:
+        """From now on every count is journaled (never on a non-primary rank)."""
+        self.writes = True
+        if self._carried:
+            append_lines(self.journal_path, self._carried)
+            self._carried = []
 
     def _carry_over_summary(self) -> None:
         """A run judged before the journal existed: its totals become one ``carried`` line per model."""
@@ -127,15 +138,15 @@ class JudgeLedger:
         models = obj.get("models", {})
         if not isinstance(models, dict):
             raise SysbenchError(f"{self.summary_path}: field 'models' should be an object")
-        lines = []
         for model, entry in models.items():
             if not isinstance(entry, dict):
                 raise SysbenchError(f"{self.summary_path}: field 'models.{model}' should be an object")
             counts = {k: entry.get(k, 0) for k in ("requests", "cache_hits", "prompt_tokens", "completion_tokens")}
             if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts.values()):
                 raise SysbenchError(f"{self.summary_path}: the counts of model {model!r} are not non-negative integers")
-            lines.append(_line({"event": "carried", "model": model, **counts, "time": utc_now()}))
-        append_lines(self.journal_path, lines)
+            entry = {"event": "carried", "model": model, **counts, "time": utc_now()}
+            self._apply(entry)
+            self._carried.append(_line(entry))
 
     def _apply(self, entry: dict[str, Any]) -> None:
         totals = self.totals.setdefault(entry["model"], LedgerTotals())

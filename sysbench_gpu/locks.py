@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 from sysbench_gpu.errors import SysbenchError
+from sysbench_gpu.jsonl import same_file
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ class StageLock:
                 if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise StageBusy(self.directory, self.stage, holder) from None
                 raise SysbenchError(f"{self.path}: cannot lock ({_reason(error)})") from None
-            if not _same_file(fd, self.path):
+            if not same_file(fd, self.path):
                 os.close(fd)  # the holder released and unlinked it between our open and lock: again
                 continue
             stale = _read_holder(fd)
@@ -184,15 +185,6 @@ def stage_lock(
         yield lock
     finally:
         lock.release()
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        on_disk = os.stat(path)
-    except FileNotFoundError:
-        return False
-    mine = os.fstat(fd)
-    return (mine.st_dev, mine.st_ino) == (on_disk.st_dev, on_disk.st_ino)
 
 
 def _read_holder(fd: int) -> LockHolder | None:

@@ -9,12 +9,13 @@
       judgments.jsonl    one JudgmentRecord per (system_id, turn)
       stats.json         per-turn generation statistics (batch_infer)
 
-JSONL files are append-only. Each record is written with one ``write`` on a file
-opened with O_APPEND, under an exclusive ``flock``, and then fsync'ed, so a crash
-leaves at most one torn last line; readers ignore a torn last line, and the next
-append cuts it off first. A
-record is keyed by (system_id, turn): a writer refuses a key that is already
-there, so a resumed stage never duplicates one.
+JSONL files are append-only (``jsonl``): each record is one line written under an
+exclusive ``flock`` and fsync'ed, a torn last line is ignored and cut by the next
+append. A record is keyed by (system_id, turn): a writer checks every new key
+against the file itself under the lock and refuses one already there, and readers
+refuse a key on two lines. Every record is type-checked on read; an error names the
+file, line, session, turn and field. One process per stage writes a run directory
+at a time (``locks``).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 KEY_ENV = "SYSBENCH_TEST_KEY"
 KEY = "sk-test-one-writer-0123456789abcdef"
 SEED = 20240817
-SLOW_S = 0.05  # per stub reply in the kill probes, so a seeded kill lands while work is in flight
+SLOW_S = 0.08  # per stub reply in the kill probes, so a seeded kill lands while work is in flight
 
 
 def cli_command(*args: str) -> list[str]:
