@@ -6,7 +6,7 @@ client's timeout, or answer with any text. The server counts requests and keeps
 their bodies, so a test can prove that a resumed run sent nothing twice;
 ``answered`` counts the 200 replies it finished sending. An error's ``message``
 may echo the request's ``{authorization}`` header and ``{path}`` (with its query),
-as careless servers do.
+and a reply's text its ``{authorization}`` header, as careless servers do.
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ class OpenAIStub:
                     )
                     payload = {"error": {"message": message, "type": "test"}}
                 else:
+                    text = reply.text.replace("{authorization}", self.headers.get("Authorization", ""))
                     payload = {
                         "id": f"cmpl-{number}",
                         "object": "chat.completion",
@@ -74,7 +75,7 @@ class OpenAIStub:
                         "choices": [
                             {
                                 "index": 0,
-                                "message": {"role": "assistant", "content": reply.text},
+                                "message": {"role": "assistant", "content": text},
                                 "finish_reason": reply.finish_reason,
                             }
                         ],

@@ -103,6 +103,19 @@ def test_echoed_key_in_401_and_503_never_lands_in_files_or_terminal(tmp_path: Pa
     assert KEY not in stdout + stderr
     manifest = (run.path / "manifest.json").read_text()
     assert "api_errors" in manifest and "[REDACTED]" in manifest
+    # A server that echoes the key inside a successful reply: the stored reply is clean too.
+    sessions = dataset.by_id()
+
+    def echo_in_reply(body: dict[str, Any], n: int) -> Reply:
+        _, sid, turn = marker(body["messages"][-1]["content"])
+        return Reply(text=good_reply(sessions[sid], turn).replace("逐条核对", "逐条核对 {authorization}"))
+
+    with OpenAIStub(echo_in_reply) as stub:
+        code, stdout, stderr = run_cli(*_judge_args(run.path, stub.base_url))
+    assert code == 0, stderr
+    assert all("Bearer [REDACTED]" in record.reasoning for record in run.judgments.read().values())
+    assert list((run.path / "judge_cache").rglob("*.json")) and (run.path / "judge_ledger.jsonl").is_file()
+    assert KEY not in stdout + stderr
     assert files_holding(run.path, KEY) == [] and files_holding(out, KEY) == []
 
 
