@@ -81,9 +81,7 @@ def prepare_directory(directory: Path, what: str = "run directory") -> None:
         raise SysbenchError(f"{directory}: is a file, not a {what}; choose another path")
     try:
         directory.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise SysbenchError(f"{directory}: a part of this path is a file, not a folder") from None
-    except NotADirectoryError:
+    except (FileExistsError, NotADirectoryError):
         raise SysbenchError(f"{directory}: a part of this path is a file, not a folder") from None
     except OSError as error:
         raise SysbenchError(f"{directory}: cannot create the {what} ({_reason(error)})") from None
@@ -103,10 +101,6 @@ class StageLock:
         self.stage = stage
         self.path = Path(lock_file) if lock_file is not None else lock_path(self.directory, stage)
         self._fd: int | None = None
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
 
     def acquire(self) -> "StageLock":
         try:
@@ -132,7 +126,7 @@ class StageLock:
                 log.info("taking over the %s lock of %s left by %s (that process is gone)",
                          self.stage, self.directory, stale.describe())
             self._fd = fd
-            self._write_holder()
+            _write_holder(fd, self.stage)
             return self
         raise SysbenchError(f"{self.path}: the lock file keeps being replaced; is another process removing it?")
 
@@ -152,14 +146,6 @@ class StageLock:
             return os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         except OSError as error:
             raise SysbenchError(f"{self.path.parent}: cannot write into this directory ({_reason(error)})") from None
-
-    def _write_holder(self) -> None:
-        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        holder = LockHolder(pid=os.getpid(), host=socket.gethostname(), started=started, stage=self.stage)
-        data = json.dumps(asdict(holder)).encode("utf-8")
-        assert self._fd is not None
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, data, 0)
 
     def __enter__(self) -> "StageLock":
         return self.acquire()
@@ -185,6 +171,13 @@ def stage_lock(
         yield lock
     finally:
         lock.release()
+
+
+def _write_holder(fd: int, stage: str) -> None:
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    holder = LockHolder(pid=os.getpid(), host=socket.gethostname(), started=started, stage=stage)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(asdict(holder)).encode("utf-8"), 0)
 
 
 def _read_holder(fd: int) -> LockHolder | None:
