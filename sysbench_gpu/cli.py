@@ -22,7 +22,7 @@ from sysbench_gpu.redact import install_log_redaction, redact, register_secret_e
 STAGE_MODULES = (
     "sysbench_gpu.data",
     "sysbench_gpu.batch_infer",
-    "sysbench_gpu.judge",
+    "sysbench_gpu.judge_cli",
     "sysbench_gpu.metrics",
     "sysbench_gpu.report",
     "sysbench_gpu.upstream",
