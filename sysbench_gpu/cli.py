@@ -27,6 +27,7 @@ STAGE_MODULES = (
     "sysbench_gpu.report",
     "sysbench_gpu.upstream",
     "sysbench_gpu.attention",
+    "sysbench_gpu.profile",
 )
 
 

@@ -29,7 +29,7 @@ import json
 import sys
 from bisect import bisect_left
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -56,6 +56,7 @@ TYPE_ORDER: tuple[str, ...] = ("action", "content", "background", "role", "forma
 ALIGNMENTS: Mapping[str, str] = {"align": "aligned", "misalign": "misaligned"}
 ALIGNMENT_ORDER: tuple[str, ...] = ("aligned", "misaligned")
 GROUP_ORDER: tuple[str, ...] = ("dependent", "parallel")
+NO_ALIGNMENT = "none"  # MT-Eval turns: the SysBench alignment does not apply
 
 
 @dataclass(frozen=True)
@@ -69,14 +70,39 @@ class Constraint:
 
 
 @dataclass(frozen=True)
+class MTEvalTurn:
+    """What an MT-Eval turn carries beyond the shared fields (see docs/mteval.md)."""
+
+    turn_id: str  # the turn's ``id`` in the file
+    inst: str | None = None  # the instruction the answer is judged against (refinement, expansion)
+
+
+@dataclass(frozen=True)
+class MTEvalDialogue:
+    """What an MT-Eval dialogue carries beyond the shared fields (see docs/mteval.md)."""
+
+    dialogue_id: str  # the dialogue's ``id`` in the file (not unique in the cls_ablation files)
+    setting: str  # "multi" | "single" | "ablation"
+    inst_name: str | None = None  # global-inst: the verifiable instruction of every answered turn
+    inst_args: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    n_distracts: int | None = None  # irrelevant-context ablation: unrelated turns in front
+
+
+@dataclass(frozen=True)
 class Turn:
-    """One user turn with its checklist; ``reference`` is None when known missing."""
+    """One user turn with its checklist; ``reference`` is None when known missing.
+
+    MT-Eval turns have no checklist; ``answered`` is False for a context turn, whose
+    ``reference`` goes into the history as given and is never generated.
+    """
 
     index: int  # 1-based
     user: str
     reference: str | None
-    alignment: str  # "aligned" | "misaligned"
+    alignment: str  # "aligned" | "misaligned" (MT-Eval: NO_ALIGNMENT)
     constraints: tuple[Constraint, ...]
+    answered: bool = True
+    mteval: MTEvalTurn | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +113,9 @@ class Session:
     dependent: bool  # rounds_related: True = multi-turn dependent
     domain: str | None
     scene: str | None
+    benchmark: str = "sysbench"  # "sysbench" | "mteval"
+    task: str | None = None  # MT-Eval task, e.g. "refinement", "recollection-cls" (mteval.data.TASKS)
+    mteval: MTEvalDialogue | None = None
 
     @property
     def group(self) -> str:
@@ -105,6 +134,10 @@ class Dataset:
     @property
     def is_official(self) -> bool:
         return self.sha256 == OFFICIAL_SHA256
+
+    @property
+    def benchmark(self) -> str:
+        return self.sessions[0].benchmark if self.sessions else "sysbench"
 
     def by_id(self) -> dict[int, Session]:
         return {session.system_id: session for session in self.sessions}
@@ -273,13 +306,52 @@ def resolve_data_path(path: str | Path) -> Path:
     return path
 
 
-def load_dataset(path: str | Path) -> Dataset:
-    """Load and validate a SysBench file in upstream's schema."""
+def load_dataset(path: str | Path, *, system_message: str | None = None, task: str | None = None) -> Dataset:
+    """Load and validate a SysBench file in upstream's schema, or an MT-Eval task file.
+
+    The format is detected from the content (``detect_format``). ``system_message`` and
+    ``task`` apply to MT-Eval only (see ``mteval.data.parse_dialogues``).
+    """
     resolved = resolve_data_path(path)
     raw_bytes = resolved.read_bytes()
-    raw = jsonio.loads(raw_bytes, resolved)
+    text = jsonio.decode_utf8(raw_bytes, resolved)
+    sha256 = hashlib.sha256(raw_bytes).hexdigest()
+    if detect_format(text) == "mteval":
+        from sysbench_gpu.mteval.data import parse_dialogues
+
+        sessions = parse_dialogues(text, source=resolved, system_message=system_message, task=task)
+        return Dataset(path=resolved, sha256=sha256, sessions=tuple(sessions))
+    if system_message is not None or task is not None:
+        option = "--system-message" if system_message is not None else "--task"
+        raise SysbenchError(f"{resolved}: {option} applies to MT-Eval files only; SysBench sessions carry their own")
+    raw = jsonio.loads(text, resolved)
+    if isinstance(raw, dict) or (raw and isinstance(raw, list) and isinstance(raw[0], dict)
+                                 and "conv" in raw[0] and "prompt_infos" not in raw[0]):
+        raise SysbenchError(
+            f"{resolved}: neither a SysBench file (a JSON array of sessions with 'prompt_infos') nor an MT-Eval "
+            "file (JSON Lines, one dialogue object with a 'conv' list per line)"
+        )
     sessions = parse_sessions(raw, source=resolved)
-    return Dataset(path=resolved, sha256=hashlib.sha256(raw_bytes).hexdigest(), sessions=tuple(sessions))
+    return Dataset(path=resolved, sha256=sha256, sessions=tuple(sessions))
+
+
+def detect_format(text: str) -> str:
+    """``"mteval"`` for JSON Lines of objects (MT-Eval dialogues), else ``"sysbench"`` (a JSON array).
+
+    A file that starts with ``{`` and is not one JSON object is JSON Lines; a single
+    object counts as MT-Eval only when it has a ``conv`` list. Everything else takes
+    the SysBench path, whose errors name what is wrong.
+    """
+    body = text.lstrip("\ufeff \t\r\n")
+    if not body.startswith("{"):
+        return "sysbench"
+    try:
+        whole = json.loads(body)
+    except json.JSONDecodeError:
+        return "mteval"
+    except RecursionError:
+        return "sysbench"  # whose reader reports the nesting as one clear line
+    return "mteval" if isinstance(whole, dict) and "conv" in whole else "sysbench"
 
 
 def parse_sessions(raw: Any, source: Path | str = "<data>") -> list[Session]:
@@ -496,14 +568,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     data = subparsers.add_parser("data", help="download, validate and describe the SysBench data")
     data_sub = data.add_subparsers(dest="data_command", metavar="ACTION")
 
-    download = data_sub.add_parser("download", help="fetch the official file at the pinned commit, check its sha256")
+    download = data_sub.add_parser(
+        "download", help="fetch the official SysBench file (sha256 checked) or MT-Eval's task files (Hugging Face hub)"
+    )
+    download.add_argument("--benchmark", choices=("sysbench", "mteval"), default="sysbench")
     download.add_argument("--out", default="data", help="directory or file path (default: ./data)")
-    download.add_argument("--url", default=OFFICIAL_URL, help="mirror URL; the checksum is still enforced")
+    download.add_argument("--url", default=OFFICIAL_URL, help="SysBench: mirror URL; the checksum is still enforced")
+    download.add_argument("--tasks", help="MT-Eval: comma-separated configs, e.g. refinement_multi (default: all)")
+    download.add_argument("--revision", help="MT-Eval: dataset revision on the hub (default: main)")
     download.set_defaults(func=_cmd_download)
 
-    stats = data_sub.add_parser("stats", help="print Table-1 statistics of a data file")
+    stats = data_sub.add_parser("stats", help="print statistics of a data file (SysBench Table 1, or MT-Eval counts)")
     stats.add_argument("file", help="data file or directory")
     stats.add_argument("--json", action="store_true", help="print JSON")
+    stats.add_argument("--task", help="MT-Eval: the task, when the file name does not say (e.g. refinement_multi)")
     stats.set_defaults(func=_cmd_stats)
 
     validate = data_sub.add_parser("validate", help="validate a data file and say whether it is the official one")
@@ -513,13 +591,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_download(args: argparse.Namespace) -> int:
+    if args.benchmark == "mteval":
+        from sysbench_gpu.mteval.data import HF_CONFIGS, HF_DATASET, download_mteval
+
+        configs = [c.strip() for c in args.tasks.split(",") if c.strip()] if args.tasks else list(HF_CONFIGS)
+        for target in download_mteval(Path(args.out), configs, revision=args.revision):
+            print(f"wrote {target} (Hugging Face dataset {HF_DATASET})")
+        return 0
     target = download_official(Path(args.out), url=args.url)
     print(f"wrote {target} (sha256 {OFFICIAL_SHA256}, official)")
     return 0
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    dataset = load_dataset(args.file)
+    dataset = load_dataset(args.file, task=args.task)
+    if dataset.benchmark == "mteval":
+        from sysbench_gpu.mteval.data import format_mteval_stats, mteval_stats
+
+        stats = mteval_stats(dataset.sessions)
+        if args.json:
+            json.dump({**stats, "sha256": dataset.sha256}, sys.stdout, ensure_ascii=False, indent=2)
+            print()
+        else:
+            print(format_mteval_stats(stats, dataset.path, dataset.sha256))
+        return 0
     stats = dataset_stats(dataset.sessions)
     if args.json:
         stats = {**stats, "sha256": dataset.sha256, "is_official": dataset.is_official}
@@ -532,6 +627,10 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     dataset = load_dataset(args.file)
+    if dataset.benchmark == "mteval":
+        tasks = ", ".join(sorted({s.task or "?" for s in dataset.sessions}))
+        print(f"{dataset.path}: {len(dataset.sessions)} MT-Eval dialogues ({tasks}), valid (sha256 {dataset.sha256})")
+        return 0
     status = "the official file" if dataset.is_official else "valid, but not the official file"
     print(f"{dataset.path}: {len(dataset.sessions)} sessions, {status} (sha256 {dataset.sha256})")
     return 0

@@ -24,20 +24,22 @@ class JsonReadError(SysbenchError):
         self.truncated = truncated
 
 
+def decode_utf8(data: bytes, source: object) -> str:
+    """UTF-8 text of a file's bytes; one :class:`JsonReadError` naming ``source`` otherwise."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        if error.reason == "unexpected end of data":
+            raise JsonReadError(
+                f"{source}: not valid JSON: it ends inside a character at byte {error.start} (the file looks truncated)",
+                truncated=True,
+            ) from None
+        raise JsonReadError(f"{source}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+
+
 def loads(data: bytes | str, source: object, **options: Any) -> Any:
     """``json.loads`` with every failure as one :class:`JsonReadError` naming ``source``."""
-    if isinstance(data, bytes):
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as error:
-            if error.reason == "unexpected end of data":
-                raise JsonReadError(
-                    f"{source}: not valid JSON: it ends inside a character at byte {error.start} (the file looks truncated)",
-                    truncated=True,
-                ) from None
-            raise JsonReadError(f"{source}: not UTF-8 text ({error.reason} at byte {error.start})") from None
-    else:
-        text = data
+    text = decode_utf8(data, source) if isinstance(data, bytes) else data
     try:
         return json.loads(text, **options)
     except json.JSONDecodeError as error:
