@@ -268,6 +268,9 @@ def test_deeply_nested_json_is_one_clear_line(tmp_path, dataset, capsys) -> None
     data.write_text(deep)
     line = one_error_line(*run_cli(["data", "validate", str(data)], capsys)[::2])
     assert "nested too deeply" in line
+    lines = tmp_path / "refinement_multi.jsonl"  # JSON Lines: the MT-Eval reader
+    lines.write_text('{"id": "a", "conv": []}\n' + '{"a": ' * 200_000 + "1" + "}" * 200_000 + "\n")
+    assert "line 2: JSON nested too deeply" in one_error_line(*run_cli(["data", "validate", str(lines)], capsys)[::2])
     run = make_run(tmp_path / "run", dataset, [1])
     good = run.generations.path.read_bytes()
     run.generations.path.write_bytes(good + b'{"system_id": 1, "turn": 9, "extra": ' + deep.encode() + b"}\n")
