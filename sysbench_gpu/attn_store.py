@@ -9,7 +9,7 @@ Layout (docs/attention.md, "Output")::
     OUT/turn_shares.jsonl                        merged per-turn table
 
 A crash can tear the last line of a shard (the rows of one session are one write).
-The next append cuts the torn tail first (``runstore.cut_torn_tail``), readers ignore
+The next append cuts the torn tail first (``jsonl.append_lines``), readers ignore
 an unterminated last line, and the merge recomputes from the ``.npz`` every row a
 shard lacks, so a torn tail never blocks a rerun nor loses a row.
 """
@@ -60,36 +60,20 @@ def load_session(path: Path, keys: Sequence[str] | None = None) -> dict[str, np.
 
 
 def append_lines(path: Path, lines: Sequence[str]) -> None:
-    """Append ``lines`` in one write under an exclusive lock, after cutting a torn last line left by a crash."""
-    from sysbench_gpu.runstore import cut_torn_tail
+    """Append ``lines`` in one locked, fsync'ed write, after cutting a torn last line left by a crash."""
+    from sysbench_gpu import jsonl
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = "".join(line + "\n" for line in lines).encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        try:
-            import fcntl
-
-            fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd is closed
-        except ImportError:  # not POSIX: one writer per shard is then the rule
-            pass
-        cut_torn_tail(path)
-        written = os.write(fd, data)
-        if written != len(data):
-            raise SysbenchError(f"{path}: short write ({written} of {len(data)} bytes); disk full?")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    jsonl.append_lines(path, [(line + "\n").encode("utf-8") for line in lines])
 
 
 def complete_lines(path: Path) -> list[tuple[int, str]]:
     """(line number, text) of every newline-terminated line; an unterminated last line is torn and left out."""
+    from sysbench_gpu import jsonl
+
     if not path.exists():
         return []
-    data = path.read_bytes()
-    lines = data.split(b"\n")[:-1]  # the piece after the last newline is empty or torn
     try:
-        return [(number, line.decode("utf-8")) for number, line in enumerate(lines, start=1) if line.strip()]
+        return [(number, line.decode("utf-8")) for number, line in jsonl.complete_lines(path.read_bytes())]
     except UnicodeDecodeError as error:
         raise SysbenchError(f"{path}: not UTF-8 text ({error})") from None
 

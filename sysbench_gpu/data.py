@@ -27,11 +27,13 @@ import argparse
 import hashlib
 import json
 import sys
+from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from sysbench_gpu import jsonio
 from sysbench_gpu.errors import SysbenchError, where
 
 OFFICIAL_SHA256 = "d58186c227d8284e153619005cea704010e7290b4d3329c23445c6b504de1af2"
@@ -147,43 +149,118 @@ class Dataset:
 
 def select_sessions(
     sessions: Sequence[Session],
-    system_ids: Iterable[int] | None = None,
+    system_ids: "SessionIds | Iterable[int] | None" = None,
     limit: int | None = None,
     source: Path | str = "<data>",
 ) -> list[Session]:
     """Sessions in their order, restricted to ``system_ids`` (unknown ids are an error), then to the first ``limit``."""
     chosen = list(sessions)
     if system_ids is not None:
-        wanted = set(system_ids)
-        unknown = sorted(wanted - {s.system_id for s in chosen})
-        if unknown:
-            raise SysbenchError(f"{source}: no session with system_id {', '.join(map(str, unknown))}")
+        wanted = system_ids if isinstance(system_ids, SessionIds) else SessionIds.of(system_ids)
+        missing = wanted.missing_from({s.system_id for s in chosen})
+        if missing:
+            raise SysbenchError(f"{source}: no session with system_id {missing}")
         chosen = [s for s in chosen if s.system_id in wanted]
     if limit is not None:
         chosen = chosen[:limit]
     return chosen
 
 
-def parse_session_ids(text: str | None) -> list[int] | None:
-    """``"1,2,5-9"`` -> ``[1, 2, 5, 6, 7, 8, 9]`` (duplicates dropped, order kept); None or empty -> None."""
+_NAMED_MISSING = 5
+
+
+@dataclass(frozen=True)
+class SessionIds:
+    """Session ids as the user wrote them (``1,2,5-9``): inclusive ranges, never expanded into a list.
+
+    ``--sessions 1-400000000`` costs two integers; membership and the ids missing
+    from a dataset are computed against the dataset's ids, so the work is bounded
+    by the data, not by the range.
+    """
+
+    ranges: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def of(cls, ids: Iterable[int]) -> "SessionIds":
+        return cls(tuple((i, i) for i in ids))
+
+    def __contains__(self, system_id: object) -> bool:
+        return isinstance(system_id, int) and any(low <= system_id <= high for low, high in self.ranges)
+
+    def __iter__(self) -> Iterator[int]:
+        """Every id in the order written, repeats dropped (use only after checking against a dataset)."""
+        seen: set[int] = set()
+        for low, high in self.ranges:
+            for system_id in range(low, high + 1):
+                if system_id not in seen:
+                    seen.add(system_id)
+                    yield system_id
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SessionIds):
+            return self.ranges == other.ranges
+        if isinstance(other, (list, tuple)):
+            return self.size() == len(other) and list(self) == list(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.ranges)
+
+    def size(self) -> int:
+        """How many distinct ids (ranges merged, nothing expanded)."""
+        total, end = 0, None
+        for low, high in sorted(self.ranges):
+            if end is not None and low <= end:
+                low = end + 1
+            if high >= low:
+                total += high - low + 1
+            end = high if end is None else max(end, high)
+        return total
+
+    def missing_from(self, available: set[int]) -> str:
+        """The requested ids absent from ``available``, as ``501-400000000`` or ``7, 9``; "" when none."""
+        present = sorted(available)
+        gaps: list[tuple[int, int]] = []
+        for low, high in self.ranges:
+            cursor = low
+            start = bisect_left(present, low)
+            for system_id in present[start:]:
+                if system_id > high:
+                    break
+                if system_id > cursor:
+                    gaps.append((cursor, system_id - 1))
+                cursor = system_id + 1
+            if cursor <= high:
+                gaps.append((cursor, high))
+        gaps = sorted(set(gaps))
+        named = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in gaps[:_NAMED_MISSING])
+        return named + (f" and {len(gaps) - _NAMED_MISSING} more" if len(gaps) > _NAMED_MISSING else "")
+
+    def __str__(self) -> str:
+        return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in self.ranges)
+
+
+def parse_session_ids(text: str | None) -> SessionIds | None:
+    """``"1,2,5-9"`` -> ids 1, 2, 5..9 (ranges stay ranges); None or empty -> None."""
     if not text:
         return None
-    ids: list[int] = []
+    ranges: list[tuple[int, int]] = []
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
         try:
-            if "-" in part:
-                low, high = (int(x) for x in part.split("-", 1))
+            if "-" in part[1:]:
+                cut = part.index("-", 1)
+                low, high = int(part[:cut]), int(part[cut + 1 :])
                 if high < low:
                     raise ValueError
-                ids.extend(range(low, high + 1))
             else:
-                ids.append(int(part))
+                low = high = int(part)
         except ValueError:
             raise SysbenchError(f"--sessions: {part!r} is not a number or a range like 3-7") from None
-    return list(dict.fromkeys(ids))
+        ranges.append((low, high))
+    return SessionIds(tuple(ranges)) if ranges else None
 
 
 def file_sha256(path: Path) -> str:
@@ -237,14 +314,7 @@ def load_dataset(path: str | Path, *, system_message: str | None = None, task: s
     """
     resolved = resolve_data_path(path)
     raw_bytes = resolved.read_bytes()
-    try:
-        text = raw_bytes.decode("utf-8")
-    except UnicodeDecodeError as error:
-        if error.reason == "unexpected end of data":
-            raise SysbenchError(
-                f"{resolved}: not valid JSON: it ends inside a character at byte {error.start} (the file looks truncated)"
-            ) from None
-        raise SysbenchError(f"{resolved}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    text = jsonio.decode_utf8(raw_bytes, resolved)
     sha256 = hashlib.sha256(raw_bytes).hexdigest()
     if detect_format(text) == "mteval":
         from sysbench_gpu.mteval.data import parse_dialogues
@@ -254,13 +324,7 @@ def load_dataset(path: str | Path, *, system_message: str | None = None, task: s
     if system_message is not None or task is not None:
         option = "--system-message" if system_message is not None else "--task"
         raise SysbenchError(f"{resolved}: {option} applies to MT-Eval files only; SysBench sessions carry their own")
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as error:
-        hint = " (the file looks truncated)" if error.pos >= len(text.rstrip()) - 1 else ""
-        raise SysbenchError(
-            f"{resolved}: not valid JSON at line {error.lineno}, column {error.colno}: {error.msg}{hint}"
-        ) from None
+    raw = jsonio.loads(text, resolved)
     if isinstance(raw, dict) or (raw and isinstance(raw, list) and isinstance(raw[0], dict)
                                  and "conv" in raw[0] and "prompt_infos" not in raw[0]):
         raise SysbenchError(
@@ -285,6 +349,8 @@ def detect_format(text: str) -> str:
         whole = json.loads(body)
     except json.JSONDecodeError:
         return "mteval"
+    except RecursionError:
+        return "sysbench"  # whose reader reports the nesting as one clear line
     return "mteval" if isinstance(whole, dict) and "conv" in whole else "sysbench"
 
 

@@ -189,7 +189,7 @@ def dataset_warnings(runs: Sequence[RunSummary]) -> list[str]:
         )
     partial = [run.label for run in runs if run.metrics.get("partial")]
     if partial:
-        warnings.append(f"partial runs (turns missing from their judgments): {', '.join(partial)}")
+        warnings.append(f"partial runs (turns not generated or not judged, or a stage still running): {', '.join(partial)}")
     return warnings
 
 

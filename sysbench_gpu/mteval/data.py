@@ -135,6 +135,8 @@ def parse_dialogues(
             obj = json.loads(line)
         except json.JSONDecodeError as error:
             raise SysbenchError(f"{source}: line {line_no}: not valid JSON at column {error.colno}: {error.msg}") from None
+        except RecursionError:
+            raise SysbenchError(f"{source}: line {line_no}: JSON nested too deeply to read") from None
         if not isinstance(obj, dict):
             raise SysbenchError(f"{source}: line {line_no}: is {type(obj).__name__}, expected a dialogue object")
         objects.append((line_no, obj))
