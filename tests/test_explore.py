@@ -110,7 +110,7 @@ def test_index_lists_every_session_under_its_system_id(fixture_runs, dataset):
     low, high = gpt4o["metrics"]["ci95"]["isr"]
     assert low < gpt4o["metrics"]["isr"] < high
     # The small run misses a judgment: shown as partial, with the reason, not a crash.
-    assert small["status"] == "partial" and "session 2 turn 5" in small["note"]
+    assert small["status"] == "partial" and "session 2, turn 5" in small["note"]
     assert small["metrics"]["n_turns"] == 9 and small["judge_model"] == "stub-judge"
 
     row = index["sessions"]["1"]
