@@ -51,6 +51,7 @@ from sysbench_gpu.attn_store import (
 )
 from sysbench_gpu.data import parse_session_ids, select_sessions
 from sysbench_gpu.errors import SysbenchError
+from sysbench_gpu.locks import stage_lock
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +178,25 @@ def cmd_attention(args: argparse.Namespace) -> int:
         "replies": replies,
         "store_dtype": args.store_dtype,
     }
+    # One writer per output directory: each process that writes holds its lock for the whole stage.
+    # Data-parallel ranks each write their own files (one lock per rank); under tensor parallel only rank 0 writes.
+    writes = plan.splits_sessions or dist.rank == 0
+    with stage_lock(out, STAGE if dist.world == 1 else f"{STAGE}.{dist.tag}", enabled=writes):
+        return _measure_and_finish(args, run, sessions, generations, replies, conditions, out, dist, plan, settings)
+
+
+def _measure_and_finish(
+    args: argparse.Namespace,
+    run: Any,
+    sessions: list[Any],
+    generations: dict[tuple[int, int], Any],
+    replies: str,
+    conditions: tuple[str, ...],
+    out: Path,
+    dist: Distributed,
+    plan: LoadPlan,
+    settings: dict[str, Any],
+) -> int:
     check_settings(out, settings, write=dist.rank == 0)
     # Data parallel: each rank its own sessions. Tensor parallel: every rank runs every session (each holds some heads).
     mine = sessions[dist.rank :: dist.world] if plan.splits_sessions else sessions

@@ -157,6 +157,29 @@ def test_torn_shard_tail_is_cut_and_its_rows_recovered(run_dir, tmp_path, monkey
     assert {r.key: r for r in rows} == {r.key: r for r in expected}
 
 
+def test_second_attention_process_on_one_out_is_refused_before_loading(run_dir, tmp_path, capsys, monkeypatch):
+    """One writer per output directory: while another process holds the stage lock, nothing is loaded or written."""
+    from sysbench_gpu import attn_layout
+    from sysbench_gpu.locks import stage_lock
+
+    def never_load(*args, **kwargs):
+        raise AssertionError("the model must not load while another process holds the lock")
+
+    monkeypatch.setattr(attn_layout, "load_model", never_load)
+    run, _ = run_dir
+    out = tmp_path / "attn"
+    with stage_lock(out, "attention"):
+        assert _run(run, out, "--limit", "1", "--no-figures") == 2
+    assert "another `attention` (pid" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == []  # the holder's lock file is gone after release; nothing else
+    # Under torchrun (data parallel) each rank locks its own name, so ranks of one launch never collide.
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with stage_lock(out, "attention.rank1-of-2"):
+        assert _run(run, out, "--limit", "2", "--no-figures") == 2
+    assert "another `attention.rank1-of-2`" in capsys.readouterr().err
+
+
 def test_shard_lines_torn_tail_helpers(tmp_path):
     path = tmp_path / "shard.jsonl"
     path.write_bytes(b'{"a": 1}\n{"b": 2}\n{"c"')
