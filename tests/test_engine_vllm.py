@@ -21,13 +21,8 @@ from typing import Any, Iterator, Sequence
 import pytest
 
 from sysbench_gpu.engines.base import Completion, SamplingSpec
-from sysbench_gpu.engines.vllm_engine import (
-    ReplicaPool,
-    VLLMEngine,
-    assign_replicas,
-    replica_device_groups,
-    session_key,
-)
+from sysbench_gpu.engines.vllm_engine import VLLMEngine
+from sysbench_gpu.engines.vllm_replicas import ReplicaPool, assign_replicas, replica_device_groups, session_key
 from sysbench_gpu.errors import SysbenchError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
