@@ -136,3 +136,13 @@ def test_a_users_choice_wins_and_is_recorded() -> None:
     assert gpu.source == "default" and gpu.engine_args == {"gpu_memory_utilization": 0.9}
     assert plan_memory(on_cpu=False, gpu_memory_utilization=0.8, kv_cache_memory_bytes=None,
                        environ={}).engine_args == {"gpu_memory_utilization": 0.8}
+
+
+def test_an_unwritable_log_folder_falls_back_to_the_temp_folder(tmp_path: Path) -> None:
+    from sysbench_gpu.engines.vllm_engine import _startup_log
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x", encoding="utf-8")
+    fallback = _startup_log(blocker / "logs")  # a folder below a file cannot be created
+    assert fallback is not None and fallback.parent.name == "sysbench-gpu-logs"
+    assert _startup_log(tmp_path / "logs").parent == tmp_path / "logs"

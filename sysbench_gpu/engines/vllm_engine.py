@@ -25,6 +25,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import tempfile
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -59,6 +60,16 @@ def batch_invariance(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     except ValueError:
         enabled = False
     return {"VLLM_BATCH_INVARIANT": raw, "batch_invariant": enabled}
+
+
+def _startup_log(folder: Path) -> Path | None:
+    """A log file for vLLM's output: in ``folder``, else the temp folder, else none (output stays on the terminal)."""
+    for candidate in (folder, Path(tempfile.gettempdir()) / "sysbench-gpu-logs"):
+        try:
+            return startup_log_path(candidate, "vllm")
+        except OSError as error:
+            log.debug("cannot keep vLLM's log in %s: %s", candidate, error)
+    return None
 
 
 def _vllm_version() -> str | None:
@@ -128,12 +139,10 @@ class LocalVLLM:
         # log file, unless --verbose asked to see everything.
         self.startup_log: Path | None = None
         if not logging.getLogger().isEnabledFor(logging.DEBUG):
-            folder = Path(startup_log_dir) if startup_log_dir else cache_dir() / "logs"
-            self.startup_log = startup_log_path(folder, "vllm")
+            self.startup_log = _startup_log(Path(startup_log_dir) if startup_log_dir else cache_dir() / "logs")
         log.info(
-            "vllm %s: loading %s (memory: %s, %s)%s", getattr(vllm, "__version__", "?"), self.model_path,
-            self.memory.source, ", ".join(f"{k}={v}" for k, v in self.memory.engine_args.items()) or "vLLM defaults",
-            f"; vLLM's output goes to {self.startup_log}" if self.startup_log else "",
+            "vllm %s: loading %s; memory: %s%s", getattr(vllm, "__version__", "?"), self.model_path,
+            self.memory.summary(), f"; vLLM's output goes to {self.startup_log}" if self.startup_log else "",
         )
         try:
             with capture_output(self.startup_log):

@@ -54,6 +54,11 @@ class MemoryPlan:
     def describe(self) -> dict[str, Any]:
         return {"device": self.device, "source": self.source, **self.engine_args, **self.facts, "why": self.why}
 
+    def summary(self) -> str:
+        """For the log: ``auto, kv_cache_memory_bytes=4.00 GiB``."""
+        shown = [f"{k}={_gib(v):.2f} GiB" if k.endswith("_bytes") else f"{k}={v}" for k, v in self.engine_args.items()]
+        return ", ".join([self.source, *shown])
+
 
 def _gib(value: int) -> float:
     return round(value / GIB, 2)
