@@ -83,7 +83,9 @@ def compare(engine, sessions: list[Session], turns: int, max_tokens: int) -> dic
     Shared by this script and ``gpu_check.py``; the engine must have ``ignore_eos`` set.
     """
     sampling = SamplingSpec(max_tokens=max_tokens)
-    engine.chat([conversation_for_turn(sessions[0], 1, {})], SamplingSpec(max_tokens=4))  # warm-up
+    # Warm both shapes of call (a batch and a single conversation) before timing either.
+    engine.chat([conversation_for_turn(s, 1, {}) for s in sessions], SamplingSpec(max_tokens=2))
+    engine.chat([conversation_for_turn(sessions[0], 1, {})], SamplingSpec(max_tokens=2))
     batched = turn_synchronous(engine, sessions, turns, sampling)
     sequential = one_session_at_a_time(engine, sessions, turns, sampling)
     if batched["output"] != sequential["output"]:
