@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# System-message attention shares for every session, one process per GPU.
-# Each rank takes every WORLD_SIZE-th session and writes its own shard; rank 0 merges.
+# System-message attention shares for every session, one process per GPU (data parallel).
+# Each rank binds cuda:LOCAL_RANK and loads the whole model straight onto it, so the model
+# must fit one GPU; it takes every WORLD_SIZE-th session and writes its own shard; rank 0 merges.
+# A model larger than one GPU: attention_qwen2_72b_tp4.sh (tensor parallel) or attention_device_map.sh.
 # Rerunning the same command resumes (finished sessions are skipped).
 #
 #   launch/attention_torchrun.sh RUN_DIR MODEL OUT_DIR [extra attention options...]

@@ -20,24 +20,35 @@ Output directory::
 
 Resume is per session and condition: an existing ``.npz`` (written atomically) is
 skipped. Under ``torchrun`` (RANK/WORLD_SIZE in the environment) each rank takes every
-WORLD_SIZE-th session; rank 0 waits for the others' done markers and merges.
+WORLD_SIZE-th session and rank 0 waits for the others' done markers and merges; with
+``--tensor-parallel`` the ranks instead split every layer's heads, run every session
+together, and only rank 0 writes (``attn_layout``). Files: ``attn_store``.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import logging
-import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from sysbench_gpu.attn_layout import Distributed, LoadPlan, mark_done, plan_load, wait_for_ranks
+from sysbench_gpu.attn_store import (
+    append_lines,
+    check_settings,
+    load_session,
+    merge_turn_table,
+    read_manifest,
+    save_npz_atomic,
+    session_path,
+    shard_path,
+    skip_path,
+)
 from sysbench_gpu.data import parse_session_ids, select_sessions
 from sysbench_gpu.errors import SysbenchError
 
@@ -72,6 +83,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
     parser.add_argument("--device", default="auto", help="auto (cuda:LOCAL_RANK if available, else cpu), cpu, cuda, cuda:N")
     parser.add_argument("--device-map", help="e.g. auto: spread a large model over all visible GPUs in this process")
+    parser.add_argument(
+        "--tensor-parallel", action="store_true",
+        help="under torchrun: split every layer's heads over the ranks (transformers' tp_plan); every rank runs every session",
+    )
     parser.add_argument("--per-head", action="store_true", help="also store per-head shares")
     parser.add_argument("--store-dtype", choices=("float16", "float32"), default="float32", help="dtype of stored shares")
     parser.add_argument("--max-tokens", type=int, help="longest conversation; later turns are dropped to fit (default: model context)")
@@ -91,66 +106,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plot.add_argument("--names", help="comma-separated model names for the legend (default: from the manifests)")
     plot.add_argument("--session", type=int, help="also draw the per-token figure of this session")
     plot.set_defaults(func=cmd_attention_plot)
-
-
-@dataclass(frozen=True)
-class Distributed:
-    rank: int
-    world: int
-    local_rank: int
-
-    @classmethod
-    def from_env(cls) -> "Distributed":
-        try:
-            rank = int(os.environ.get("RANK", "0"))
-            world = int(os.environ.get("WORLD_SIZE", "1"))
-            local = int(os.environ.get("LOCAL_RANK", str(rank)))
-        except ValueError:
-            raise SysbenchError("RANK, WORLD_SIZE and LOCAL_RANK must be integers") from None
-        if world < 1 or not 0 <= rank < world:
-            raise SysbenchError(f"RANK={rank} is not within WORLD_SIZE={world}")
-        return cls(rank, world, local)
-
-    @property
-    def tag(self) -> str:
-        return f"rank{self.rank}-of-{self.world}"
-
-
-# ----------------------------------------------------------------- storage
-
-
-def session_path(out: Path, system_id: int, condition: str) -> Path:
-    return out / "sessions" / f"{system_id:04d}.{condition}.npz"
-
-
-def skip_path(out: Path, system_id: int, condition: str) -> Path:
-    return out / "sessions" / f"{system_id:04d}.{condition}.skipped.json"
-
-
-def save_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    from sysbench_gpu.runstore import write_bytes_atomic
-
-    buffer = io.BytesIO()
-    np.savez_compressed(buffer, **arrays)
-    write_bytes_atomic(path, buffer.getvalue())
-
-
-def load_session(path: Path) -> dict[str, np.ndarray]:
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {key: data[key] for key in data.files}
-    except (OSError, ValueError) as error:
-        raise SysbenchError(f"{path}: not a readable session file ({error})") from None
-
-
-def append_lines(path: Path, lines: Sequence[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, "".join(line + "\n" for line in lines).encode("utf-8"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ----------------------------------------------------------------- conversations
@@ -196,43 +151,6 @@ def session_arrays(layout: Any, results: dict[int, Any], layers: Sequence[int], 
     return arrays
 
 
-# ----------------------------------------------------------------- model
-
-
-_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16"}
-
-
-def load_model(name: str, dtype: str, device: str, device_map: str | None, local_rank: int) -> tuple[Any, Any, str]:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from sysbench_gpu.models import resolve_model
-
-    path = resolve_model(name)
-    if dtype != "auto" and dtype not in _DTYPES:
-        raise SysbenchError(f"--dtype: unknown dtype {dtype!r} (auto, float32, bfloat16, float16)")
-    kwargs: dict[str, Any] = {"dtype": "auto" if dtype == "auto" else getattr(torch, _DTYPES[dtype])}
-    if device_map:
-        kwargs["device_map"] = device_map
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except (OSError, ValueError) as error:
-        raise SysbenchError(f"could not load model {name!r} from {path}: {error}") from None
-    if not device_map:
-        if device == "auto":
-            device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
-        model.to(device)
-    model.eval()
-    if not getattr(tokenizer, "chat_template", None):
-        raise SysbenchError(f"{path}: the tokenizer has no chat template")
-    return model, tokenizer, path
-
-
-def input_device(model: Any) -> Any:
-    return model.get_input_embeddings().weight.device
-
-
 # ----------------------------------------------------------------- the stage
 
 
@@ -251,8 +169,7 @@ def cmd_attention(args: argparse.Namespace) -> int:
     conditions = ("system", "control") if args.control else ("system",)
     out = Path(args.out)
     dist = Distributed.from_env()
-    if args.device_map and dist.world > 1:
-        raise SysbenchError("--device-map spreads one model over all GPUs in one process; do not combine it with torchrun ranks")
+    plan = plan_load(args.device, args.device_map, args.tensor_parallel, dist, _cuda_available())
     settings = {
         "run_dir": str(Path(args.run_dir).resolve()),
         "model": args.model,
@@ -260,105 +177,75 @@ def cmd_attention(args: argparse.Namespace) -> int:
         "replies": replies,
         "store_dtype": args.store_dtype,
     }
-    _check_settings(out, settings, write=dist.rank == 0)
-    mine = sessions[dist.rank :: dist.world]
+    check_settings(out, settings, write=dist.rank == 0)
+    # Data parallel: each rank its own sessions. Tensor parallel: every rank runs every session (each holds some heads).
+    mine = sessions[dist.rank :: dist.world] if plan.splits_sessions else sessions
+    runs = [(session, condition) for session in mine for condition in conditions]
     todo = [
-        (session, condition)
-        for session in mine
-        for condition in conditions
+        index
+        for index, (session, condition) in enumerate(runs)
         if not session_path(out, session.system_id, condition).exists()
         and not skip_path(out, session.system_id, condition).exists()
     ]
-    log.info("%s: %d of %d session runs to do (%d already done)", dist.tag, len(todo), len(mine) * len(conditions), len(mine) * len(conditions) - len(todo))
+    log.info("%s: %d of %d session runs to do (%d already done)", dist.tag, len(todo), len(runs), len(runs) - len(todo))
     if todo:
-        measure_sessions(args, run, todo, generations, replies, out, dist, settings)
-    mark = out / "shards" / f"{dist.tag}.done"
-    mark.parent.mkdir(parents=True, exist_ok=True)
-    mark.write_text(launch_id() + "\n", encoding="utf-8")
+        measure_sessions(args, runs, todo, generations, replies, out, dist, plan, settings)
+    if plan.splits_sessions:
+        mark_done(out, dist)
     if dist.rank != 0:
         return 0
-    wait_for_ranks(out, dist, args.wait_timeout)
+    if plan.splits_sessions:
+        wait_for_ranks(out, dist, args.wait_timeout)
     finish(out, run, args)
     return 0
 
 
-def _check_settings(out: Path, settings: dict[str, Any], write: bool = True) -> dict[str, Any]:
-    from sysbench_gpu.runstore import write_json_atomic
+def _cuda_available() -> bool:
+    import torch
 
-    manifest_path = out / "manifest.json"
-    manifest: dict[str, Any] = {}
-    if manifest_path.exists():
-        try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as error:
-            raise SysbenchError(f"{manifest_path}: not valid JSON ({error.msg})") from None
-        for key, value in settings.items():
-            if key in manifest and manifest[key] != value:
-                raise SysbenchError(
-                    f"{manifest_path}: field {key!r} is {manifest[key]!r} but this run asks for {value!r}; "
-                    "use another --out directory"
-                )
-    manifest.update(settings)
-    if write:  # under torchrun only rank 0 writes the manifest; the others check it
-        write_json_atomic(manifest_path, manifest)
-    return manifest
+    return torch.cuda.is_available()
 
 
 def measure_sessions(
     args: argparse.Namespace,
-    run: Any,
-    todo: list[tuple[Any, str]],
+    runs: list[tuple[Any, str]],
+    todo: list[int],
     generations: dict[tuple[int, int], Any],
     replies: str,
     out: Path,
     dist: Distributed,
+    plan: LoadPlan,
     settings: dict[str, Any],
 ) -> None:
+    """Measure ``runs[i]`` for every i in ``todo``; write its arrays, shard rows or skip note (rank 0 only under TP)."""
     import torch
     from tqdm import tqdm
 
     from sysbench_gpu.attn_analysis import turn_row_json, turn_shares
     from sysbench_gpu.attn_hooks import AttentionShareCapture, num_layers, resolve_layers
+    from sysbench_gpu.attn_layout import broadcast_ints, end_process_group, gather_head_shares, heads_of, input_device, load_model
     from sysbench_gpu.attn_segments import fit_layout
-    from sysbench_gpu.runstore import package_versions, utc_now, write_json_atomic
+    from sysbench_gpu.runstore import write_json_atomic
 
-    model, tokenizer, path = load_model(args.model, args.dtype, args.device, args.device_map, dist.local_rank)
+    model, tokenizer, path = load_model(args.model, args.dtype, plan)
+    tensor_parallel = plan.layout == "tensor-parallel"
+    device = input_device(model)
+    if tensor_parallel:
+        # Every rank must run the same forwards in the same order, or the collectives inside them hang.
+        todo = broadcast_ints(todo, device)
+    writes = dist.rank == 0 or not tensor_parallel
     labels = resolve_layers(args.layers, num_layers(model))
     layers = sorted(set(labels.values()))
     by_index = {str(index): label for label, index in labels.items()}
     context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     max_tokens = args.max_tokens or context
-    manifest = _check_settings(out, {**settings, "layers": layers}, write=dist.rank == 0)
+    manifest = check_settings(out, {**settings, "layers": layers}, write=dist.rank == 0)
     if dist.rank == 0:
-        manifest.update(
-            {
-                "stage": STAGE,
-                "model_path": path,
-                "layer_labels": labels,
-                "n_layers": num_layers(model),
-                "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-                "attn_implementation_wrapped": model.config._attn_implementation,
-                "chunk_tokens": args.chunk_tokens,
-                "chunk_mib": args.chunk_mib,
-                "max_tokens": max_tokens,
-                "world_size": dist.world,
-                "device_map": args.device_map,
-                "chat_template_sha256": _sha256(tokenizer.chat_template),
-                "spans": {
-                    "lead": "tokens before the system text (BOS, role header; in control also a template's default system message)",
-                    "system": "tokens of the system text, located in the rendered chat template through tokenizer offsets",
-                },
-                "share": "head-mean attention share of the span; share_excl_lead = share / (1 - lead share)",
-                "control": f"system text sent as user: system + {json.dumps(_joiner())} + user turn 1",
-                "versions": package_versions(),
-                "updated": utc_now(),
-            }
-        )
+        manifest.update(_manifest_fields(args, model, tokenizer, path, labels, max_tokens, dist, plan))
         write_json_atomic(out / "manifest.json", manifest)
-    shard = out / "shards" / f"{dist.tag}.jsonl"
-    device = input_device(model)
+    shard = shard_path(out, dist.tag)
     budget = int(args.chunk_mib) << 20
-    progress = tqdm(todo, desc=f"attention {dist.tag}", unit="session", file=sys.stderr, disable=None)
+    progress = tqdm([runs[index] for index in todo], desc=f"attention {dist.tag}", unit="session", file=sys.stderr, disable=None if writes else True)
     with AttentionShareCapture(model, layers=layers, chunk_tokens=args.chunk_tokens, budget_bytes=budget, per_head=args.per_head) as capture:
         for session, condition in progress:
             turns, stop_reason = conversation_turns(session, replies, generations)
@@ -367,15 +254,19 @@ def measure_sessions(
                 reason = stop_reason or "no turn"
                 if turns:
                     reason = f"even turn 1 exceeds {max_tokens} tokens"
-                write_json_atomic(skip_path(out, session.system_id, condition), {"system_id": session.system_id, "condition": condition, "reason": reason})
-                log.warning("session %d (%s) skipped: %s", session.system_id, condition, reason)
+                if writes:
+                    write_json_atomic(skip_path(out, session.system_id, condition), {"system_id": session.system_id, "condition": condition, "reason": reason})
+                    log.warning("session %d (%s) skipped: %s", session.system_id, condition, reason)
                 continue
             capture.prepare([layout.lead, layout.system])
             started = time.perf_counter()
             ids = torch.tensor([layout.token_ids], device=device)
             results = capture.forward(ids)
+            if tensor_parallel:
+                results = gather_head_shares(results, heads_of(model), dist.world, device)
             seconds = time.perf_counter() - started
-            dropped = len(turns) - len(layout.turns)
+            if not writes:
+                continue
             meta = {
                 "system_id": session.system_id,
                 "condition": condition,
@@ -384,7 +275,7 @@ def measure_sessions(
                 "n_tokens": layout.n_tokens,
                 "turns_measured": list(layout.turn_numbers),
                 "stopped": stop_reason,
-                "turns_dropped_for_length": dropped,
+                "turns_dropped_for_length": len(turns) - len(layout.turns),
                 "layer_labels_by_index": by_index,
                 "seconds": round(seconds, 3),
             }
@@ -392,6 +283,43 @@ def measure_sessions(
             save_npz_atomic(session_path(out, session.system_id, condition), arrays)
             append_lines(shard, [turn_row_json(row) for row in turn_shares(arrays)])
             progress.set_postfix(tokens=layout.n_tokens, s=f"{seconds:.1f}")
+        paths = getattr(capture, "paths", None)
+    if dist.rank == 0 and paths:
+        manifest["capture_paths"] = {str(layer): str(name) for layer, name in sorted(paths.items())}
+        write_json_atomic(out / "manifest.json", manifest)
+    if tensor_parallel:
+        end_process_group()
+
+
+def _manifest_fields(args: argparse.Namespace, model: Any, tokenizer: Any, path: str, labels: dict[str, int], max_tokens: Any, dist: Distributed, plan: LoadPlan) -> dict[str, Any]:
+    from sysbench_gpu.attn_hooks import num_layers
+    from sysbench_gpu.runstore import package_versions, utc_now
+
+    return {
+        "stage": STAGE,
+        "model_path": path,
+        "layer_labels": labels,
+        "n_layers": num_layers(model),
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "attn_implementation_wrapped": model.config._attn_implementation,
+        "chunk_tokens": args.chunk_tokens,
+        "chunk_mib": args.chunk_mib,
+        "max_tokens": max_tokens,
+        "world_size": dist.world,
+        "layout": plan.layout,
+        "tensor_parallel_size": plan.tensor_parallel_size,
+        "device_map": plan.device_map if plan.layout == "device-map" else None,
+        "chat_template_sha256": _sha256(tokenizer.chat_template),
+        "spans": {
+            "lead": "tokens before the system text (BOS, role header; in control also a template's default system message)",
+            "system": "tokens of the system text, located in the rendered chat template through tokenizer offsets",
+        },
+        "share": "head-mean attention share of the span (over all heads, also under tensor parallel); "
+        "share_excl_lead = share / (1 - lead share)",
+        "control": f"system text sent as user: system + {json.dumps(_joiner())} + user turn 1",
+        "versions": package_versions(),
+        "updated": utc_now(),
+    }
 
 
 def _joiner() -> str:
@@ -404,51 +332,6 @@ def _sha256(text: Any) -> str | None:
     import hashlib
 
     return hashlib.sha256(str(text).encode("utf-8")).hexdigest() if text else None
-
-
-def launch_id() -> str:
-    """Identifies one torchrun launch (shared by its ranks), so stale done markers of an earlier launch are ignored."""
-    return os.environ.get("TORCHELASTIC_RUN_ID", "")
-
-
-def _rank_done(out: Path, rank: int, world: int) -> bool:
-    mark = out / "shards" / f"rank{rank}-of-{world}.done"
-    try:
-        return mark.read_text(encoding="utf-8").strip() == launch_id()
-    except FileNotFoundError:
-        return False
-
-
-def wait_for_ranks(out: Path, dist: Distributed, timeout: float) -> None:
-    if dist.world == 1:
-        return
-    deadline = time.monotonic() + timeout
-    pending = [r for r in range(dist.world) if not _rank_done(out, r, dist.world)]
-    while pending and time.monotonic() < deadline:
-        time.sleep(2.0)
-        pending = [r for r in pending if not _rank_done(out, r, dist.world)]
-    if pending:
-        log.warning("ranks %s did not finish within %.0f s; merging what exists", pending, timeout)
-
-
-def merge_turn_table(out: Path) -> list[Any]:
-    """Merge the per-rank shards into turn_shares.jsonl; sessions missing from shards are read from their .npz."""
-    from sysbench_gpu.attn_analysis import TurnShare, read_turn_table, turn_row_json, turn_shares
-    from sysbench_gpu.runstore import write_bytes_atomic
-
-    rows: dict[tuple[int, str, int, int], TurnShare] = {}
-    for shard in sorted((out / "shards").glob("*.jsonl")):
-        for row in read_turn_table(shard):
-            rows[row.key] = row
-    covered = {(key[0], key[1]) for key in rows}
-    for path in sorted((out / "sessions").glob("*.npz")):
-        system_id, condition = path.name.split(".")[:2]
-        if (int(system_id), condition) not in covered:
-            for row in turn_shares(load_session(path)):
-                rows[row.key] = row
-    ordered = [rows[key] for key in sorted(rows)]
-    write_bytes_atomic(out / "turn_shares.jsonl", "".join(turn_row_json(row) + "\n" for row in ordered).encode("utf-8"))
-    return ordered
 
 
 def finish(out: Path, run: Any, args: argparse.Namespace) -> None:
@@ -492,13 +375,6 @@ def print_summary(out: Path, analysis: dict[str, Any]) -> None:
 
 
 # ----------------------------------------------------------------- figures
-
-
-def read_manifest(out: Path) -> dict[str, Any]:
-    path = out / "manifest.json"
-    if not path.exists():
-        raise SysbenchError(f"{out}: not an attention output directory (no manifest.json)")
-    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def draw_figures(dirs: Sequence[Path], figure_dir: Path, names: Sequence[str] | None, session: int | None, layer_label: str | None = None) -> list[Path]:

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from sysbench_gpu.attn_store import complete_lines
 from sysbench_gpu.errors import SysbenchError
 
 LEAD, SYSTEM = 0, 1  # span columns in stored shares
@@ -88,12 +89,9 @@ def turn_shares(stored: Mapping[str, Any]) -> list[TurnShare]:
 
 
 def read_turn_table(path: Path) -> list[TurnShare]:
-    if not path.exists():
-        return []
+    """Rows of a shard or merged table; an unterminated last line (a write torn by a crash) is left out."""
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, line in complete_lines(path):
         try:
             rows.append(TurnShare(**json.loads(line)))
         except (json.JSONDecodeError, TypeError) as error:

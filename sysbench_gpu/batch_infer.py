@@ -24,7 +24,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from sysbench_gpu.data import Dataset, Session, load_dataset, parse_session_ids
 from sysbench_gpu.engines.base import ChatMessage, Completion, Engine, SamplingSpec, chat_sessions
 from sysbench_gpu.errors import SysbenchError, where
-from sysbench_gpu.runstore import GenerationRecord, Key, RunDir, utc_now, write_json_atomic
+from sysbench_gpu.locks import is_primary_rank, stage_lock
+from sysbench_gpu.runstore import GENERATIONS, GenerationRecord, Key, RunDir, utc_now, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -470,14 +471,11 @@ class TurnScheduler:
 
 
 def _read_stats_calls(run_dir: RunDir) -> list[dict[str, Any]]:
-    import json
+    from sysbench_gpu.jsonio import read_json
 
     if not run_dir.stats_path.exists():
         return []
-    try:
-        stats = json.loads(run_dir.stats_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise SysbenchError(f"{run_dir.stats_path}: not valid JSON ({error.msg} at line {error.lineno})") from None
+    stats = read_json(run_dir.stats_path, expect=dict)
     return list(stats.get("calls", [])) if stats.get("stage") == STAGE else []
 
 
@@ -499,9 +497,26 @@ def run_generation(
     *,
     engine_options: Mapping[str, Any] | None = None,
     progress: bool = True,
+    lock: bool = True,
 ) -> GenerateSummary:
-    """Generate every missing (session, turn) of ``sessions`` into ``run_dir``; resumable."""
+    """Generate every missing (session, turn) of ``sessions`` into ``run_dir``; resumable.
+
+    ``lock``: hold the stage lock of ``run_dir`` (primary only) for the call; False when the caller holds it.
+    """
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    with stage_lock(run_dir.path, STAGE, enabled=lock and bool(getattr(engine, "is_primary", True))):
+        return _run_generation_locked(engine, dataset, sessions, run_dir, settings, engine_options, progress)
+
+
+def _run_generation_locked(
+    engine: Engine,
+    dataset: Dataset,
+    sessions: list[Session],
+    run_dir: RunDir,
+    settings: GenerateSettings,
+    engine_options: Mapping[str, Any] | None,
+    progress: bool,
+) -> GenerateSummary:
     check_compatible(run_dir, settings, dataset)
     skipped_sessions: list[int] = []
     if settings.history == "reference":
@@ -674,8 +689,6 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingSpec:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from sysbench_gpu.engines import get_engine
-
     settings = GenerateSettings(
         model=args.model,
         engine=args.engine,
@@ -689,6 +702,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     ids = parse_session_ids(args.sessions)
     sessions = dataset.select(ids, args.limit)
     run_dir = RunDir(args.out)
+    # One writer per run directory; taking the lock also checks --out before a model loads.
+    with stage_lock(run_dir.path, STAGE, enabled=is_primary_rank(options)):
+        return _generate_locked(args, settings, options, dataset, sessions, run_dir)
+
+
+def _generate_locked(
+    args: argparse.Namespace, settings: GenerateSettings, options: dict[str, Any], dataset: Dataset,
+    sessions: list[Session], run_dir: RunDir,
+) -> int:
+    from sysbench_gpu.engines import get_engine
+
+    run_dir.ensure_writable([GENERATIONS])
     # Fail on a mismatched run directory or missing references before loading a model.
     check_compatible(run_dir, settings, dataset)
     if settings.history == "reference" and not settings.skip_missing_reference:
@@ -701,7 +726,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     engine = get_engine(args.engine, model=model, **options)
     try:
         summary = run_generation(
-            engine, dataset, sessions, run_dir, settings, engine_options=options, progress=not args.no_progress
+            engine, dataset, sessions, run_dir, settings, engine_options=options, progress=not args.no_progress,
+            lock=False,
         )
     finally:
         engine.close()

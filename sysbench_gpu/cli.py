@@ -16,16 +16,19 @@ from typing import Sequence
 
 from sysbench_gpu import __version__
 from sysbench_gpu.errors import SysbenchError
+from sysbench_gpu.redact import install_log_redaction, redact, register_secret_env, register_url_secrets
 
 # Order is the order in `--help`: the pipeline, then the side stage.
 STAGE_MODULES = (
     "sysbench_gpu.data",
     "sysbench_gpu.batch_infer",
-    "sysbench_gpu.judge",
+    "sysbench_gpu.judge_cli",
     "sysbench_gpu.metrics",
     "sysbench_gpu.report",
     "sysbench_gpu.upstream",
     "sysbench_gpu.attention",
+    "sysbench_gpu.profile",
+    "sysbench_gpu.explore",
 )
 
 
@@ -50,13 +53,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    # Secrets named on the command line are known before anything can log or fail.
+    register_secret_env(getattr(args, "api_key_env", None) or "OPENAI_API_KEY")
+    register_url_secrets(getattr(args, "base_url", None))
+    install_log_redaction()
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
         result = args.func(args)
     except SysbenchError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {' '.join(redact(str(error)).splitlines())}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         # Output piped into `head` and friends: not an error of ours.

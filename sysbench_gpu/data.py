@@ -27,11 +27,13 @@ import argparse
 import hashlib
 import json
 import sys
+from bisect import bisect_left
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from sysbench_gpu import jsonio
 from sysbench_gpu.errors import SysbenchError, where
 
 OFFICIAL_SHA256 = "d58186c227d8284e153619005cea704010e7290b4d3329c23445c6b504de1af2"
@@ -54,6 +56,7 @@ TYPE_ORDER: tuple[str, ...] = ("action", "content", "background", "role", "forma
 ALIGNMENTS: Mapping[str, str] = {"align": "aligned", "misalign": "misaligned"}
 ALIGNMENT_ORDER: tuple[str, ...] = ("aligned", "misaligned")
 GROUP_ORDER: tuple[str, ...] = ("dependent", "parallel")
+NO_ALIGNMENT = "none"  # MT-Eval turns: the SysBench alignment does not apply
 
 
 @dataclass(frozen=True)
@@ -67,14 +70,39 @@ class Constraint:
 
 
 @dataclass(frozen=True)
+class MTEvalTurn:
+    """What an MT-Eval turn carries beyond the shared fields (see docs/mteval.md)."""
+
+    turn_id: str  # the turn's ``id`` in the file
+    inst: str | None = None  # the instruction the answer is judged against (refinement, expansion)
+
+
+@dataclass(frozen=True)
+class MTEvalDialogue:
+    """What an MT-Eval dialogue carries beyond the shared fields (see docs/mteval.md)."""
+
+    dialogue_id: str  # the dialogue's ``id`` in the file (not unique in the cls_ablation files)
+    setting: str  # "multi" | "single" | "ablation"
+    inst_name: str | None = None  # global-inst: the verifiable instruction of every answered turn
+    inst_args: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    n_distracts: int | None = None  # irrelevant-context ablation: unrelated turns in front
+
+
+@dataclass(frozen=True)
 class Turn:
-    """One user turn with its checklist; ``reference`` is None when known missing."""
+    """One user turn with its checklist; ``reference`` is None when known missing.
+
+    MT-Eval turns have no checklist; ``answered`` is False for a context turn, whose
+    ``reference`` goes into the history as given and is never generated.
+    """
 
     index: int  # 1-based
     user: str
     reference: str | None
-    alignment: str  # "aligned" | "misaligned"
+    alignment: str  # "aligned" | "misaligned" (MT-Eval: NO_ALIGNMENT)
     constraints: tuple[Constraint, ...]
+    answered: bool = True
+    mteval: MTEvalTurn | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +113,9 @@ class Session:
     dependent: bool  # rounds_related: True = multi-turn dependent
     domain: str | None
     scene: str | None
+    benchmark: str = "sysbench"  # "sysbench" | "mteval"
+    task: str | None = None  # MT-Eval task, e.g. "refinement", "recollection-cls" (mteval.data.TASKS)
+    mteval: MTEvalDialogue | None = None
 
     @property
     def group(self) -> str:
@@ -104,6 +135,10 @@ class Dataset:
     def is_official(self) -> bool:
         return self.sha256 == OFFICIAL_SHA256
 
+    @property
+    def benchmark(self) -> str:
+        return self.sessions[0].benchmark if self.sessions else "sysbench"
+
     def by_id(self) -> dict[int, Session]:
         return {session.system_id: session for session in self.sessions}
 
@@ -114,43 +149,118 @@ class Dataset:
 
 def select_sessions(
     sessions: Sequence[Session],
-    system_ids: Iterable[int] | None = None,
+    system_ids: "SessionIds | Iterable[int] | None" = None,
     limit: int | None = None,
     source: Path | str = "<data>",
 ) -> list[Session]:
     """Sessions in their order, restricted to ``system_ids`` (unknown ids are an error), then to the first ``limit``."""
     chosen = list(sessions)
     if system_ids is not None:
-        wanted = set(system_ids)
-        unknown = sorted(wanted - {s.system_id for s in chosen})
-        if unknown:
-            raise SysbenchError(f"{source}: no session with system_id {', '.join(map(str, unknown))}")
+        wanted = system_ids if isinstance(system_ids, SessionIds) else SessionIds.of(system_ids)
+        missing = wanted.missing_from({s.system_id for s in chosen})
+        if missing:
+            raise SysbenchError(f"{source}: no session with system_id {missing}")
         chosen = [s for s in chosen if s.system_id in wanted]
     if limit is not None:
         chosen = chosen[:limit]
     return chosen
 
 
-def parse_session_ids(text: str | None) -> list[int] | None:
-    """``"1,2,5-9"`` -> ``[1, 2, 5, 6, 7, 8, 9]`` (duplicates dropped, order kept); None or empty -> None."""
+_NAMED_MISSING = 5
+
+
+@dataclass(frozen=True)
+class SessionIds:
+    """Session ids as the user wrote them (``1,2,5-9``): inclusive ranges, never expanded into a list.
+
+    ``--sessions 1-400000000`` costs two integers; membership and the ids missing
+    from a dataset are computed against the dataset's ids, so the work is bounded
+    by the data, not by the range.
+    """
+
+    ranges: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def of(cls, ids: Iterable[int]) -> "SessionIds":
+        return cls(tuple((i, i) for i in ids))
+
+    def __contains__(self, system_id: object) -> bool:
+        return isinstance(system_id, int) and any(low <= system_id <= high for low, high in self.ranges)
+
+    def __iter__(self) -> Iterator[int]:
+        """Every id in the order written, repeats dropped (use only after checking against a dataset)."""
+        seen: set[int] = set()
+        for low, high in self.ranges:
+            for system_id in range(low, high + 1):
+                if system_id not in seen:
+                    seen.add(system_id)
+                    yield system_id
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SessionIds):
+            return self.ranges == other.ranges
+        if isinstance(other, (list, tuple)):
+            return self.size() == len(other) and list(self) == list(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.ranges)
+
+    def size(self) -> int:
+        """How many distinct ids (ranges merged, nothing expanded)."""
+        total, end = 0, None
+        for low, high in sorted(self.ranges):
+            if end is not None and low <= end:
+                low = end + 1
+            if high >= low:
+                total += high - low + 1
+            end = high if end is None else max(end, high)
+        return total
+
+    def missing_from(self, available: set[int]) -> str:
+        """The requested ids absent from ``available``, as ``501-400000000`` or ``7, 9``; "" when none."""
+        present = sorted(available)
+        gaps: list[tuple[int, int]] = []
+        for low, high in self.ranges:
+            cursor = low
+            start = bisect_left(present, low)
+            for system_id in present[start:]:
+                if system_id > high:
+                    break
+                if system_id > cursor:
+                    gaps.append((cursor, system_id - 1))
+                cursor = system_id + 1
+            if cursor <= high:
+                gaps.append((cursor, high))
+        gaps = sorted(set(gaps))
+        named = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in gaps[:_NAMED_MISSING])
+        return named + (f" and {len(gaps) - _NAMED_MISSING} more" if len(gaps) > _NAMED_MISSING else "")
+
+    def __str__(self) -> str:
+        return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in self.ranges)
+
+
+def parse_session_ids(text: str | None) -> SessionIds | None:
+    """``"1,2,5-9"`` -> ids 1, 2, 5..9 (ranges stay ranges); None or empty -> None."""
     if not text:
         return None
-    ids: list[int] = []
+    ranges: list[tuple[int, int]] = []
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
         try:
-            if "-" in part:
-                low, high = (int(x) for x in part.split("-", 1))
+            if "-" in part[1:]:
+                cut = part.index("-", 1)
+                low, high = int(part[:cut]), int(part[cut + 1 :])
                 if high < low:
                     raise ValueError
-                ids.extend(range(low, high + 1))
             else:
-                ids.append(int(part))
+                low = high = int(part)
         except ValueError:
             raise SysbenchError(f"--sessions: {part!r} is not a number or a range like 3-7") from None
-    return list(dict.fromkeys(ids))
+        ranges.append((low, high))
+    return SessionIds(tuple(ranges)) if ranges else None
 
 
 def file_sha256(path: Path) -> str:
@@ -196,25 +306,52 @@ def resolve_data_path(path: str | Path) -> Path:
     return path
 
 
-def load_dataset(path: str | Path) -> Dataset:
-    """Load and validate a SysBench file in upstream's schema."""
+def load_dataset(path: str | Path, *, system_message: str | None = None, task: str | None = None) -> Dataset:
+    """Load and validate a SysBench file in upstream's schema, or an MT-Eval task file.
+
+    The format is detected from the content (``detect_format``). ``system_message`` and
+    ``task`` apply to MT-Eval only (see ``mteval.data.parse_dialogues``).
+    """
     resolved = resolve_data_path(path)
     raw_bytes = resolved.read_bytes()
-    try:
-        raw = json.loads(raw_bytes.decode("utf-8"))
-    except UnicodeDecodeError as error:
-        if error.reason == "unexpected end of data":
-            raise SysbenchError(
-                f"{resolved}: not valid JSON: it ends inside a character at byte {error.start} (the file looks truncated)"
-            ) from None
-        raise SysbenchError(f"{resolved}: not UTF-8 text ({error.reason} at byte {error.start})") from None
-    except json.JSONDecodeError as error:
-        hint = " (the file looks truncated)" if error.pos >= len(raw_bytes.rstrip()) - 1 else ""
+    text = jsonio.decode_utf8(raw_bytes, resolved)
+    sha256 = hashlib.sha256(raw_bytes).hexdigest()
+    if detect_format(text) == "mteval":
+        from sysbench_gpu.mteval.data import parse_dialogues
+
+        sessions = parse_dialogues(text, source=resolved, system_message=system_message, task=task)
+        return Dataset(path=resolved, sha256=sha256, sessions=tuple(sessions))
+    if system_message is not None or task is not None:
+        option = "--system-message" if system_message is not None else "--task"
+        raise SysbenchError(f"{resolved}: {option} applies to MT-Eval files only; SysBench sessions carry their own")
+    raw = jsonio.loads(text, resolved)
+    if isinstance(raw, dict) or (raw and isinstance(raw, list) and isinstance(raw[0], dict)
+                                 and "conv" in raw[0] and "prompt_infos" not in raw[0]):
         raise SysbenchError(
-            f"{resolved}: not valid JSON at line {error.lineno}, column {error.colno}: {error.msg}{hint}"
-        ) from None
+            f"{resolved}: neither a SysBench file (a JSON array of sessions with 'prompt_infos') nor an MT-Eval "
+            "file (JSON Lines, one dialogue object with a 'conv' list per line)"
+        )
     sessions = parse_sessions(raw, source=resolved)
-    return Dataset(path=resolved, sha256=hashlib.sha256(raw_bytes).hexdigest(), sessions=tuple(sessions))
+    return Dataset(path=resolved, sha256=sha256, sessions=tuple(sessions))
+
+
+def detect_format(text: str) -> str:
+    """``"mteval"`` for JSON Lines of objects (MT-Eval dialogues), else ``"sysbench"`` (a JSON array).
+
+    A file that starts with ``{`` and is not one JSON object is JSON Lines; a single
+    object counts as MT-Eval only when it has a ``conv`` list. Everything else takes
+    the SysBench path, whose errors name what is wrong.
+    """
+    body = text.lstrip("\ufeff \t\r\n")
+    if not body.startswith("{"):
+        return "sysbench"
+    try:
+        whole = json.loads(body)
+    except json.JSONDecodeError:
+        return "mteval"
+    except RecursionError:
+        return "sysbench"  # whose reader reports the nesting as one clear line
+    return "mteval" if isinstance(whole, dict) and "conv" in whole else "sysbench"
 
 
 def parse_sessions(raw: Any, source: Path | str = "<data>") -> list[Session]:
@@ -431,14 +568,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     data = subparsers.add_parser("data", help="download, validate and describe the SysBench data")
     data_sub = data.add_subparsers(dest="data_command", metavar="ACTION")
 
-    download = data_sub.add_parser("download", help="fetch the official file at the pinned commit, check its sha256")
+    download = data_sub.add_parser(
+        "download", help="fetch the official SysBench file (sha256 checked) or MT-Eval's task files (Hugging Face hub)"
+    )
+    download.add_argument("--benchmark", choices=("sysbench", "mteval"), default="sysbench")
     download.add_argument("--out", default="data", help="directory or file path (default: ./data)")
-    download.add_argument("--url", default=OFFICIAL_URL, help="mirror URL; the checksum is still enforced")
+    download.add_argument("--url", default=OFFICIAL_URL, help="SysBench: mirror URL; the checksum is still enforced")
+    download.add_argument("--tasks", help="MT-Eval: comma-separated configs, e.g. refinement_multi (default: all)")
+    download.add_argument("--revision", help="MT-Eval: dataset revision on the hub (default: main)")
     download.set_defaults(func=_cmd_download)
 
-    stats = data_sub.add_parser("stats", help="print Table-1 statistics of a data file")
+    stats = data_sub.add_parser("stats", help="print statistics of a data file (SysBench Table 1, or MT-Eval counts)")
     stats.add_argument("file", help="data file or directory")
     stats.add_argument("--json", action="store_true", help="print JSON")
+    stats.add_argument("--task", help="MT-Eval: the task, when the file name does not say (e.g. refinement_multi)")
     stats.set_defaults(func=_cmd_stats)
 
     validate = data_sub.add_parser("validate", help="validate a data file and say whether it is the official one")
@@ -448,13 +591,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_download(args: argparse.Namespace) -> int:
+    if args.benchmark == "mteval":
+        from sysbench_gpu.mteval.data import HF_CONFIGS, HF_DATASET, download_mteval
+
+        configs = [c.strip() for c in args.tasks.split(",") if c.strip()] if args.tasks else list(HF_CONFIGS)
+        for target in download_mteval(Path(args.out), configs, revision=args.revision):
+            print(f"wrote {target} (Hugging Face dataset {HF_DATASET})")
+        return 0
     target = download_official(Path(args.out), url=args.url)
     print(f"wrote {target} (sha256 {OFFICIAL_SHA256}, official)")
     return 0
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    dataset = load_dataset(args.file)
+    dataset = load_dataset(args.file, task=args.task)
+    if dataset.benchmark == "mteval":
+        from sysbench_gpu.mteval.data import format_mteval_stats, mteval_stats
+
+        stats = mteval_stats(dataset.sessions)
+        if args.json:
+            json.dump({**stats, "sha256": dataset.sha256}, sys.stdout, ensure_ascii=False, indent=2)
+            print()
+        else:
+            print(format_mteval_stats(stats, dataset.path, dataset.sha256))
+        return 0
     stats = dataset_stats(dataset.sessions)
     if args.json:
         stats = {**stats, "sha256": dataset.sha256, "is_official": dataset.is_official}
@@ -467,6 +627,10 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     dataset = load_dataset(args.file)
+    if dataset.benchmark == "mteval":
+        tasks = ", ".join(sorted({s.task or "?" for s in dataset.sessions}))
+        print(f"{dataset.path}: {len(dataset.sessions)} MT-Eval dialogues ({tasks}), valid (sha256 {dataset.sha256})")
+        return 0
     status = "the official file" if dataset.is_official else "valid, but not the official file"
     print(f"{dataset.path}: {len(dataset.sessions)} sessions, {status} (sha256 {dataset.sha256})")
     return 0

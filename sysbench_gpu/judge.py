@@ -1,9 +1,10 @@
 """The judge stage: verify every generated turn against its checklist.
 
 ``sysbench-gpu judge RUN_DIR --judge {openai,vllm,hf} --judge-model NAME`` fills
-``judgments.jsonl`` for every generated turn that has no judgment yet, and
-``sysbench-gpu judge agreement RUN_A RUN_B`` compares two runs' verdicts (see
-``agreement.py``). docs/judge.md describes the prompt, parsing and retry rules.
+``judgments.jsonl`` for every generated turn that has no judgment yet (the command
+line is ``judge_cli.py``), and ``sysbench-gpu judge agreement RUN_A RUN_B`` compares
+two runs' verdicts (see ``agreement.py``). docs/judge.md describes the prompt,
+parsing and retry rules.
 
 Guarantees:
 
@@ -17,61 +18,42 @@ Guarantees:
 - Replies are parsed without eval (``judge_parse``). Attempt ``i`` of ``n`` runs at
   temperature 0 while ``i < n / 2`` and at 0.5 after (upstream's schedule).
 - Records are appended as they complete, replies are cached by content
-  (``judge_cache``), so an interrupted run resumes without asking twice.
+  (``judge_cache``), so an interrupted run resumes without asking twice; every
+  reply is counted in the ledger's journal before it is cached (``judge_ledger``),
+  so it is counted exactly once, kill or no kill.
+- One writer: the call holds the run's judge lock (``locks``); under torchrun only
+  the primary rank writes anything.
 - An API error that survives the engine's bounded retries stops the run cleanly:
   finished judgments stay, and the error names the session and turn.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import math
-import os
-import shutil
 import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from sysbench_gpu.data import Constraint, Session, parse_session_ids, select_sessions
+from sysbench_gpu.data import Constraint, Session, SessionIds, select_sessions
 from sysbench_gpu.engines.base import ChatMessage, Completion, SamplingSpec
 from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.judge_cache import CACHE_DIRNAME, CachedReply, JudgeCache, cache_key
+from sysbench_gpu.judge_cache import CacheEntryError, CachedReply, JudgeCache, cache_key
+from sysbench_gpu.judge_ledger import LEDGER, LEDGER_JOURNAL, JudgeLedger, PaidReply, estimate_cost, estimate_tokens
 from sysbench_gpu.judge_parse import parse_reply
-from sysbench_gpu.judge_prompt import HistoryMessage, JudgeTemplate, load_template, render_prompt, verdict_schema
-from sysbench_gpu.runstore import (
-    GENERATIONS,
-    MANIFEST,
-    GenerationRecord,
-    JudgmentRecord,
-    RunDir,
-    session_to_upstream,
-    utc_now,
-    write_bytes_atomic,
-    write_json_atomic,
-)
+from sysbench_gpu.judge_prompt import HistoryMessage, JudgeTemplate, render_prompt, verdict_schema
+from sysbench_gpu.judge_rejudge import RETRIED, set_aside_unparsed, unparsed_keys
+from sysbench_gpu.locks import stage_lock
+from sysbench_gpu.runstore import JUDGMENTS, MANIFEST, GenerationRecord, JudgmentRecord, RunDir, utc_now
 
 log = logging.getLogger(__name__)
 
 JUDGE_BACKENDS = ("openai", "vllm", "hf")
-LEDGER = "judge_ledger.json"
+STAGE = "judge"
 DEFAULT_MAX_RETRIES = 10
 DEFAULT_MAX_TOKENS = 1024
 RETRY_TEMPERATURES = (0.0, 0.5)  # first half of the attempts, second half
-
-# USD per million tokens (input, output), list prices as published by OpenAI in 2024-25.
-# Estimates only: check your provider. Longest matching prefix wins (gpt-4o-mini before gpt-4o).
-PRICES_PER_MTOK: dict[str, tuple[float, float]] = {
-    "gpt-4o-mini": (0.15, 0.60),
-    "gpt-4o": (2.50, 10.00),
-    "gpt-4-turbo": (10.00, 30.00),
-    "gpt-4.1-mini": (0.40, 1.60),
-    "gpt-4.1": (2.00, 8.00),
-    "gpt-3.5-turbo": (0.50, 1.50),
-}
 
 
 # ----------------------------------------------------------------------------- plan
@@ -186,89 +168,6 @@ def temperature_for(attempt: int, max_retries: int) -> float:
     return RETRY_TEMPERATURES[0] if attempt < max_retries / 2 else RETRY_TEMPERATURES[1]
 
 
-# ----------------------------------------------------------------------------- ledger
-
-
-def price_for(model: str) -> tuple[float, float] | None:
-    name = model.lower().rsplit("/", 1)[-1]
-    best = None
-    for prefix in PRICES_PER_MTOK:
-        if name.startswith(prefix) and (best is None or len(prefix) > len(best)):
-            best = prefix
-    return PRICES_PER_MTOK[best] if best else None
-
-
-def estimate_cost(model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
-    price = price_for(model)
-    if price is None:
-        return None
-    return round((prompt_tokens * price[0] + completion_tokens * price[1]) / 1e6, 6)
-
-
-def estimate_tokens(text: str) -> int:
-    """Rough token count without a tokenizer: one per CJK character, one per four others."""
-    wide = sum(1 for ch in text if ord(ch) > 0x2E80)
-    return wide + math.ceil((len(text) - wide) / 4)
-
-
-@dataclass
-class JudgeLedger:
-    """Requests sent and tokens spent by the judge of one run (cumulative across resumes)."""
-
-    path: Path
-    model: str
-    requests: int = 0
-    cache_hits: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-    @classmethod
-    def load(cls, path: Path, model: str) -> "JudgeLedger":
-        ledger = cls(path=path, model=model)
-        if path.is_file():
-            try:
-                obj = json.loads(path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as error:
-                raise SysbenchError(f"{path}: not valid JSON ({error.msg})") from None
-            entry = obj.get("models", {}).get(model, {})
-            ledger.requests = int(entry.get("requests", 0))
-            ledger.cache_hits = int(entry.get("cache_hits", 0))
-            ledger.prompt_tokens = int(entry.get("prompt_tokens", 0))
-            ledger.completion_tokens = int(entry.get("completion_tokens", 0))
-        return ledger
-
-    def add(self, completion: Completion | CachedReply, from_cache: bool) -> None:
-        if from_cache:
-            self.cache_hits += 1
-            return
-        self.requests += 1
-        self.prompt_tokens += completion.prompt_tokens or 0
-        self.completion_tokens += getattr(completion, "output_tokens", None) or 0
-
-    def summary(self) -> dict[str, Any]:
-        price = price_for(self.model)
-        return {
-            "requests": self.requests,
-            "cache_hits": self.cache_hits,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "price_usd_per_mtok": {"input": price[0], "output": price[1]} if price else None,
-            "estimated_cost_usd": estimate_cost(self.model, self.prompt_tokens, self.completion_tokens),
-        }
-
-    def save(self) -> None:
-        obj: dict[str, Any] = {}
-        if self.path.is_file():
-            try:
-                obj = json.loads(self.path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError:
-                obj = {}
-        obj.setdefault("models", {})[self.model] = self.summary()
-        obj["updated"] = utc_now()
-        obj["note"] = "estimated_cost_usd uses list prices from sysbench_gpu.judge.PRICES_PER_MTOK; null = unknown model"
-        write_json_atomic(self.path, obj)
-
-
 # ----------------------------------------------------------------------------- judging
 
 
@@ -374,19 +273,28 @@ class JudgeSummary:
 
 
 class _Recorder:
-    """Appends finished records, keeps counts and the ledger (main thread only)."""
+    """Where finished work goes: records, the ledger and the cache; nothing at all when ``writes`` is False.
 
-    def __init__(self, run: RunDir, ledger: JudgeLedger, summary: JudgeSummary) -> None:
+    ``paid`` counts replies in the ledger's journal *before* caching them, so a
+    cached reply has always been counted (see ``judge_ledger``).
+    """
+
+    def __init__(
+        self, run: RunDir, ledger: JudgeLedger, summary: JudgeSummary, cache: JudgeCache | None, writes: bool
+    ) -> None:
         self.run = run
         self.ledger = ledger
         self.summary = summary
-        self.known = run.judgments.keys()
+        self.cache = cache
+        self.writes = writes
 
     def write(self, records: Iterable[JudgmentRecord]) -> None:
+        """Append finished records (main thread only)."""
         records = list(records)
         if not records:
             return
-        self.run.judgments.append(records, existing=self.known)
+        if self.writes:
+            self.run.judgments.append(records)
         for record in records:
             if record.parse_status == "ok":
                 self.summary.judged += 1
@@ -395,6 +303,17 @@ class _Recorder:
             elif record.parse_status == "skipped":
                 self.summary.skipped += 1
         self.ledger.save()
+
+    def paid(self, arrived: Sequence[tuple[JudgeTask, int, str | None, CachedReply]]) -> None:
+        """Replies that just came back, as (task, attempt, cache key, reply): counted, then cached."""
+        self.ledger.paid([PaidReply(r.prompt_tokens, r.output_tokens, t.label, attempt) for t, attempt, _, r in arrived])
+        if self.writes and self.cache is not None:
+            for _, _, key, reply in arrived:
+                if key is not None:
+                    self.cache.put(key, reply)
+
+    def hits(self, count: int) -> None:
+        self.ledger.cache_hits(count)
 
 
 def _cache_lookup(cache: JudgeCache | None, settings: JudgeSettings, task: JudgeTask, sampling: SamplingSpec, attempt: int) -> tuple[str | None, CachedReply | None]:
@@ -429,16 +348,17 @@ def judge_tasks_api(
 ) -> None:
     """One task per worker thread (bounded), each running its own attempt loop via ``chat_one``."""
 
-    def run_one(task: JudgeTask) -> tuple[_TaskState, list[tuple[CachedReply, bool]], SysbenchError | None]:
+    def run_one(task: JudgeTask) -> tuple[_TaskState, SysbenchError | None]:
         state = _TaskState(task)
-        usage: list[tuple[CachedReply, bool]] = []
         try:
-            _attempts(task, state, usage)
+            _attempts(task, state)
+        except CacheEntryError:
+            raise  # not a request that failed: stop the run and name the file
         except SysbenchError as error:
-            return state, usage, error
-        return state, usage, None
+            return state, error
+        return state, None
 
-    def _attempts(task: JudgeTask, state: _TaskState, usage: list[tuple[CachedReply, bool]]) -> None:
+    def _attempts(task: JudgeTask, state: _TaskState) -> None:
         while state.record is None:
             attempt = state.attempts
             sampling = settings.sampling(attempt, task.numbers)
@@ -446,12 +366,10 @@ def judge_tasks_api(
             if cached is None:
                 completion = engine.chat_one(task.messages(), sampling, request_id=task.label)
                 cached = _to_cached(completion)
-                if cache is not None and key is not None:
-                    cache.put(key, cached)
-                usage.append((cached, False))
+                recorder.paid([(task, attempt, key, cached)])
                 state.take(cached, False, settings)
             else:
-                usage.append((cached, True))
+                recorder.hits(1)
                 state.take(cached, True, settings)
 
     queue = list(tasks)
@@ -467,9 +385,7 @@ def judge_tasks_api(
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
                 task = running.pop(future)
-                state, usage, error = future.result()
-                for reply, from_cache in usage:
-                    recorder.ledger.add(reply, from_cache)
+                state, error = future.result()
                 if error is not None:
                     # Bounded retries are spent: start nothing new, let running tasks finish.
                     # The turn gets no record, so a rerun asks again (earlier replies come from the cache).
@@ -515,16 +431,17 @@ def judge_tasks_batched(
             completions = engine.chat([pending[i].task.messages() for i, _ in members], sampling)
             if len(completions) != len(members):
                 raise SysbenchError(f"{settings.backend} engine returned {len(completions)} replies for {len(members)} prompts")
+            arrived = []
             for (index, key), completion in zip(members, completions):
                 reply = _to_cached(completion)
-                if cache is not None and key is not None:
-                    cache.put(key, reply)
                 replies[index] = (reply, False)
+                arrived.append((pending[index].task, attempt, key, reply))
+            recorder.paid(arrived)
+        recorder.hits(sum(1 for _, from_cache in replies.values() if from_cache))
         still: list[_TaskState] = []
         finished: list[JudgmentRecord] = []
         for index, state in enumerate(pending):
             reply, from_cache = replies[index]
-            recorder.ledger.add(reply, from_cache)
             if state.take(reply, from_cache, settings):
                 finished.append(state.record)
             else:
@@ -556,44 +473,6 @@ def _drop_overlong(states: list[_TaskState], engine: Any, settings: JudgeSetting
     return keep
 
 
-RETRIED = "judgments.retried.jsonl"
-
-
-def set_aside_unparsed(run: RunDir, system_ids: set[int]) -> int:
-    """Move the ``unparsed`` records of these sessions out of judgments.jsonl (kept in RETRIED).
-
-    The kept lines are rewritten byte for byte into a temporary file that replaces
-    the original atomically; the moved ones are appended to RETRIED first, so a
-    crash in between loses nothing (at worst a record is in both files).
-    """
-    path = run.judgments.path
-    if not path.is_file():
-        return 0
-    run.judgments.read()  # validates the file (and tolerates a torn last line)
-    kept: list[bytes] = []
-    moved: list[bytes] = []
-    for line in path.read_bytes().splitlines(keepends=True):
-        if not line.endswith(b"\n"):
-            continue  # a torn last line: dropped, as the store does
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            kept.append(line)
-            continue
-        if obj.get("parse_status") == "unparsed" and obj.get("system_id") in system_ids:
-            moved.append(line)
-        else:
-            kept.append(line)
-    if not moved:
-        return 0
-    with open(run.path / RETRIED, "ab") as handle:
-        handle.write(b"".join(moved))
-        handle.flush()
-        os.fsync(handle.fileno())
-    write_bytes_atomic(path, b"".join(kept))
-    return len(moved)
-
-
 def _check_consistent(existing: dict, settings: JudgeSettings, run: RunDir) -> None:
     """Refuse to mix judges or templates inside one run's judgments."""
     for record in existing.values():
@@ -614,58 +493,96 @@ def judge_run(
     engine_factory: Callable[[], Any],
     limit: int | None = None,
     show_progress: bool = True,
-    system_ids: Sequence[int] | None = None,
+    system_ids: SessionIds | Sequence[int] | None = None,
     retry_unparsed: bool = False,
+    *,
+    primary: bool = True,
+    lock: bool = True,
 ) -> JudgeSummary:
     """Judge every pending turn of ``run``; the engine is built only when there is work.
 
     ``retry_unparsed`` first sets the chosen sessions' ``unparsed`` records aside
     (into ``judgments.retried.jsonl``) and asks those turns again under a new cache
     round, so the replies that failed are not replayed from the cache.
+
+    Only a primary process writes (records, ledger, cache, manifest): ``primary``
+    is False on the non-primary ranks of a torchrun launch, and an engine whose
+    ``is_primary`` is False makes it so too. Nothing is written before the engine
+    is built, so every rank plans from the same files. ``lock``: hold the judge's
+    stage lock of ``run`` for the call (False when the caller holds it already).
     """
     run.require()
+    with stage_lock(run.path, STAGE, enabled=lock and primary):
+        return _judge_run(run, settings, engine_factory, limit, show_progress, system_ids, retry_unparsed, primary)
+
+
+def _judge_run(
+    run: RunDir,
+    settings: JudgeSettings,
+    engine_factory: Callable[[], Any],
+    limit: int | None,
+    show_progress: bool,
+    system_ids: SessionIds | Sequence[int] | None,
+    retry_unparsed: bool,
+    primary: bool,
+) -> JudgeSummary:
     sessions = run.load_sessions()
     generations = run.generations.read()
     existing = run.judgments.read()
     _check_consistent(existing, settings, run)
-    retried = 0
+    retry: set[tuple[int, int]] = set()
     if retry_unparsed:
         chosen = {s.system_id for s in select_sessions(sessions, system_ids, limit, source=run.sessions_path)}
-        retried = set_aside_unparsed(run, chosen)
-        if retried:
-            previous = run.read_manifest().get("stages", {}).get("judge", {}).get("retry_rounds", 0)
+        retry = unparsed_keys(run, chosen)
+        if retry:
+            previous = run.stage_section(STAGE).get("retry_rounds", 0)
             settings = replace(settings, retry_round=int(previous) + 1)
-            existing = run.judgments.read()
+            existing = {k: r for k, r in existing.items() if k not in retry}
     plan = plan_judging(
         sessions, generations, set(existing), settings.template, limit, settings.model, imported_history_mode(run), system_ids
     )
-    summary = JudgeSummary(already_judged=plan.already_judged, not_generated=plan.not_generated, retried_unparsed=retried)
-    ledger = JudgeLedger.load(run.path / LEDGER, settings.model)
-    recorder = _Recorder(run, ledger, summary)
-    recorder.write(plan.skipped)
-    started = utc_now()
     cache = JudgeCache(settings.cache_dir) if settings.cache_dir is not None else None
-    requests_before, hits_before = ledger.requests, ledger.cache_hits
+    ledger = JudgeLedger.load(run.path, settings.model, writes=False)
+    if primary:
+        # Before a model loads or a request is paid for: can every file of this stage be written?
+        run.ensure_writable([JUDGMENTS, LEDGER, LEDGER_JOURNAL, RETRIED, MANIFEST])
+        if cache is not None:
+            cache.check_writable()
+    engine = engine_factory() if plan.tasks else None
+    writes = primary and bool(getattr(engine, "is_primary", True))
+    summary = JudgeSummary(already_judged=plan.already_judged, not_generated=plan.not_generated)
+    if writes:
+        summary.retried_unparsed = set_aside_unparsed(run, retry)
+        ledger.start_writing()
+    recorder = _Recorder(run, ledger, summary, cache, writes)
+    started = utc_now()
+    before = ledger.current()
     engine_info: dict[str, Any] = {}
-    if plan.tasks:
-        engine = engine_factory()
-        try:
+    try:
+        recorder.write(plan.skipped)
+        if engine is not None:
+            if writes:
+                run.update_manifest(stage=STAGE, status="running", started=started)
             from tqdm import tqdm
 
-            with tqdm(total=len(plan.tasks), desc="judge", unit="turn", file=sys.stderr, disable=not show_progress) as bar:
+            shown = show_progress and writes
+            with tqdm(total=len(plan.tasks), desc="judge", unit="turn", file=sys.stderr, disable=not shown) as bar:
                 if settings.backend == "openai":
                     judge_tasks_api(plan.tasks, engine, settings, cache, recorder, bar)
                 else:
                     judge_tasks_batched(plan.tasks, engine, settings, cache, recorder, bar)
             engine_info = engine.describe()
-        finally:
+    finally:
+        if engine is not None:
             engine.close()
-    summary.requests = ledger.requests - requests_before
-    summary.cache_hits = ledger.cache_hits - hits_before
-    ledger.save()
-    _write_manifest(run, settings, summary, engine_info, started, limit, system_ids)
-    if retried:
-        run.update_manifest(stage="judge", retry_rounds=settings.retry_round)
+    after = ledger.current()
+    summary.requests = after.requests - before.requests
+    summary.cache_hits = after.cache_hits - before.cache_hits
+    if writes:
+        ledger.save()
+        _write_manifest(run, settings, summary, engine_info, started, limit, system_ids, ledger)
+        if retry:
+            run.update_manifest(stage=STAGE, retry_rounds=settings.retry_round)
     if summary.api_errors:
         first = summary.api_errors[0]
         raise SysbenchError(
@@ -682,13 +599,15 @@ def _write_manifest(
     engine_info: dict,
     started: str,
     limit: int | None,
-    system_ids: Sequence[int] | None,
+    system_ids: SessionIds | Sequence[int] | None,
+    ledger: JudgeLedger,
 ) -> None:
     judgments = run.judgments.read()
     statuses: dict[str, int] = {}
     for record in judgments.values():
         statuses[record.parse_status] = statuses.get(record.parse_status, 0) + 1
     fields: dict[str, Any] = {
+        "status": "stopped" if summary.api_errors else "complete",
         "backend": settings.backend,
         "judge_model": settings.model,
         "template": {
@@ -707,18 +626,18 @@ def _write_manifest(
         "system_ids": list(system_ids) if system_ids is not None else None,
         "last_call": {"started": started, "finished": utc_now(), **asdict(summary)},
         "judgments_by_status": statuses,
-        "ledger": JudgeLedger.load(run.path / LEDGER, settings.model).summary(),
+        "ledger": ledger.summary(),
     }
     if engine_info:
         fields["engine"] = engine_info
-    run.update_manifest(stage="judge", **fields)
+    run.update_manifest(stage=STAGE, **fields)
 
 
 # ----------------------------------------------------------------------------- dry run
 
 
 def dry_run_report(
-    run: RunDir, settings: JudgeSettings, limit: int | None, fresh: bool = False, system_ids: Sequence[int] | None = None
+    run: RunDir, settings: JudgeSettings, limit: int | None, fresh: bool = False, system_ids: SessionIds | Sequence[int] | None = None
 ) -> dict[str, Any]:
     """What judging would send, without building an engine or sending anything.
 
@@ -754,206 +673,3 @@ def dry_run_report(
         else 0.0,
         "note": f"first attempts only; each parse failure adds a request (up to {settings.max_retries} per turn)",
     }
-
-
-# ----------------------------------------------------------------------------- rejudge
-
-
-def prepare_rejudge(source: RunDir, out: Path, limit: int | None, system_ids: Sequence[int] | None = None) -> RunDir:
-    """Copy a run's sessions and generations (``system_ids``, then the first ``limit``) into a new run dir.
-
-    Calling it again on the same ``out`` checks that the copy still matches and
-    resumes; an ``out`` holding other generations is an error.
-    """
-    source.require()
-    sessions = source.load_sessions()
-    chosen = select_sessions(sessions, system_ids, limit, source=source.sessions_path)
-    ids = {s.system_id for s in chosen}
-    generations = [r for r in source.generations.read().values() if r.system_id in ids]
-    if not generations:
-        raise SysbenchError(f"{source.path / GENERATIONS}: no generations to re-judge")
-    target = RunDir(out)
-    if (target.path / MANIFEST).is_file():
-        have = target.generations.read()
-        want = {r.key: r for r in generations}
-        if set(have) != set(want) or any(have[k].response != want[k].response for k in want):
-            raise SysbenchError(
-                f"{target.path}: already a run directory with other generations than {source.path}; choose a new --out"
-            )
-        return target
-    if target.path.exists() and any(target.path.iterdir()):
-        raise SysbenchError(f"{target.path}: exists and is not empty; choose a new --out")
-    target.path.mkdir(parents=True, exist_ok=True)
-    if limit is None and system_ids is None:
-        shutil.copyfile(source.sessions_path, target.sessions_path)
-    else:
-        write_json_atomic(target.sessions_path, [session_to_upstream(s) for s in chosen])
-    target.generations.append(sorted(generations, key=lambda r: r.key), existing=set())
-    src_manifest = source.read_manifest()
-    target.update_manifest(
-        rejudged_from={
-            "path": str(source.path.resolve()),
-            "sessions": len(chosen),
-            "turns": len(generations),
-            "created": src_manifest.get("created"),
-        },
-        **{k: src_manifest[k] for k in ("dataset",) if k in src_manifest},
-    )
-    stages = {k: v for k, v in src_manifest.get("stages", {}).items() if k != "judge"}
-    for stage, section in stages.items():
-        target.update_manifest(stage=stage, **section)
-    return target
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "judge",
-        help="judge generated turns against their checklists; `judge agreement A B` compares two runs",
-        description=(
-            "sysbench-gpu judge RUN_DIR --judge {openai,vllm,hf} --judge-model NAME [...]\n"
-            "sysbench-gpu judge agreement RUN_A RUN_B [--json]"
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("run_dir", help="the run directory (or the word 'agreement')")
-    parser.add_argument("more_runs", nargs="*", metavar="RUN", help="with 'agreement': the two runs to compare")
-    parser.add_argument("--judge", choices=JUDGE_BACKENDS, help="judge backend")
-    parser.add_argument("--judge-model", help="judge model name (openai) or path/alias (vllm, hf; e.g. smollm2)")
-    parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL or OpenAI)")
-    parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
-    parser.add_argument("--concurrency", type=int, default=8, help="parallel API requests (openai)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per API request (openai)")
-    parser.add_argument("--api-retries", type=int, default=6, help="retries of one API request on 429/5xx/timeouts")
-    parser.add_argument("--template", default="zh", help="zh, en, or a template FILE (see docs/judge.md)")
-    parser.add_argument("--template-lang", choices=("zh", "en"), help="language of a template FILE (default zh)")
-    parser.add_argument("--max-retries", type=int, default=DEFAULT_MAX_RETRIES, help="attempts per turn until it is recorded unparsed")
-    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="judge reply token limit")
-    parser.add_argument("--max-reasoning-chars", type=int, default=2000, help="vllm: cap on the reasoning string under guided decoding")
-    parser.add_argument("--seed", type=int, help="sampling seed (where the backend honours one)")
-    parser.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra engine constructor option for vllm/hf (VALUE read as JSON when it parses)")
-    parser.add_argument("--dry-run", action="store_true", help="print requests, tokens and cost; send nothing")
-    parser.add_argument("--no-cache", action="store_true", help="bypass the reply cache")
-    parser.add_argument("--retry-unparsed", action="store_true",
-                        help="ask the turns recorded unparsed again (old records move to judgments.retried.jsonl)")
-    parser.add_argument("--cache-dir", help=f"reply cache folder (default RUN_DIR/{CACHE_DIRNAME})")
-    parser.add_argument("--rejudge", action="store_true", help="copy RUN_DIR's sessions and generations to --out and judge there")
-    parser.add_argument("--out", help="with --rejudge: the new run directory")
-    parser.add_argument("--limit", type=int, help="only the first N sessions")
-    parser.add_argument("--sessions", help="only these system ids (comma-separated), before --limit")
-    parser.add_argument("--json", action="store_true", help="machine-readable output (agreement, dry run)")
-    parser.set_defaults(func=main)
-
-
-def _engine_options(pairs: Sequence[str]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise SysbenchError(f"--engine-option {pair!r}: expected KEY=VALUE")
-        key, value = pair.split("=", 1)
-        try:
-            options[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key.strip()] = value
-    return options
-
-
-def make_engine_factory(args: argparse.Namespace, settings: JudgeSettings) -> Callable[[], Any]:
-    from sysbench_gpu.engines import get_engine
-
-    options = _engine_options(args.engine_option)
-    if settings.backend == "openai":
-        if options:
-            raise SysbenchError("--engine-option applies to vllm and hf judges")
-        return lambda: get_engine(
-            "openai",
-            model=settings.model,
-            base_url=args.base_url,
-            api_key_env=args.api_key_env,
-            concurrency=args.concurrency,
-            max_retries=args.api_retries,
-            timeout=args.timeout,
-        )
-    if args.seed is not None:
-        options.setdefault("seed", args.seed)
-    return lambda: get_engine(settings.backend, model=settings.model, **options)
-
-
-def main(args: argparse.Namespace) -> int:
-    if args.run_dir == "agreement":
-        from sysbench_gpu.agreement import agreement_main
-
-        if len(args.more_runs) != 2:
-            raise SysbenchError("usage: sysbench-gpu judge agreement RUN_A RUN_B [--json]")
-        return agreement_main(Path(args.more_runs[0]), Path(args.more_runs[1]), args.json)
-    if args.more_runs:
-        raise SysbenchError(f"judge takes one RUN_DIR, got extra {' '.join(args.more_runs)!r}")
-    if not args.judge or not args.judge_model:
-        raise SysbenchError("judge needs --judge {openai,vllm,hf} and --judge-model NAME")
-    if args.max_retries < 1:
-        raise SysbenchError(f"--max-retries must be at least 1, got {args.max_retries}")
-    if args.limit is not None and args.limit < 1:
-        raise SysbenchError(f"--limit must be at least 1, got {args.limit}")
-    if args.concurrency < 1:
-        raise SysbenchError(f"--concurrency must be at least 1, got {args.concurrency}")
-    system_ids = parse_session_ids(args.sessions)
-    template = load_template(args.template, args.template_lang)
-    source = RunDir(args.run_dir)
-    if args.rejudge:
-        if not args.out:
-            raise SysbenchError("--rejudge needs --out NEW_RUN_DIR")
-        if args.dry_run:
-            source.require()
-        run = prepare_rejudge(source, Path(args.out), args.limit, system_ids) if not args.dry_run else source
-    else:
-        if args.out:
-            raise SysbenchError("--out applies only with --rejudge")
-        run = source
-    home = Path(args.out) if args.rejudge else run.path
-    cache_dir = None if args.no_cache else Path(args.cache_dir) if args.cache_dir else home / CACHE_DIRNAME
-    settings = JudgeSettings(
-        backend=args.judge,
-        model=args.judge_model,
-        template=template,
-        max_retries=args.max_retries,
-        max_tokens=args.max_tokens,
-        seed=args.seed,
-        max_reasoning_chars=args.max_reasoning_chars,
-        cache_dir=cache_dir,
-        concurrency=args.concurrency,
-    )
-    if args.dry_run:
-        report = dry_run_report(run, settings, args.limit, fresh=args.rejudge, system_ids=system_ids)
-        if args.json:
-            print(json.dumps(report, ensure_ascii=False, indent=2))
-        else:
-            cost = report["estimated_cost_usd"]
-            print(f"dry run: {run.path} with {settings.backend} {settings.model} (template {template.sha256[:12]})")
-            print(f"  turns to judge      {report['turns_to_judge']} ({report['answered_from_cache']} from cache)")
-            print(f"  requests            {report['requests']}  ({report['note']})")
-            print(f"  est. prompt tokens  {report['estimated_prompt_tokens']}")
-            print(f"  est. output tokens  {report['estimated_completion_tokens']}")
-            print(f"  est. cost (USD)     {'unknown for this model' if cost is None else f'{cost:.4f}'}")
-            print(f"  skipped (no reply)  {report['turns_skipped_no_response']}; already judged {report['turns_already_judged']}; "
-                  f"not generated {report['turns_not_generated']}")
-        return 0
-    # A rejudge copy holds only the chosen sessions.
-    limit = None if args.rejudge else args.limit
-    chosen_ids = None if args.rejudge else system_ids
-    summary = judge_run(
-        run,
-        settings,
-        make_engine_factory(args, settings),
-        limit=limit,
-        system_ids=chosen_ids,
-        retry_unparsed=args.retry_unparsed,
-    )
-    print(
-        f"{run.path}: judged {summary.judged}, unparsed {summary.unparsed}, skipped {summary.skipped}, "
-        f"already judged {summary.already_judged}, not generated {summary.not_generated}; "
-        f"requests {summary.requests}, cache hits {summary.cache_hits}"
-    )
-    return 0

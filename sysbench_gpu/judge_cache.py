@@ -21,7 +21,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from sysbench_gpu.errors import SysbenchError
+from sysbench_gpu.jsonio import json_type
+
 CACHE_DIRNAME = "judge_cache"
+
+
+class CacheEntryError(SysbenchError):
+    """A cache entry of the wrong shape: the run stops and names the file (it is not a request failure)."""
 
 
 @dataclass(frozen=True)
@@ -54,19 +61,25 @@ class JudgeCache:
         return self.root / key[:2] / f"{key}.json"
 
     def get(self, key: str) -> CachedReply | None:
+        """The cached reply, or None; an entry that is JSON of the wrong shape is an error naming it.
+
+        Entries are written atomically, so an entry that does not parse at all was
+        damaged outside this program: it is a miss, and the fresh reply replaces it.
+        """
         path = self.path_for(key)
         try:
-            obj = json.loads(path.read_text(encoding="utf-8"))
-            return CachedReply(
-                text=obj["text"],
-                prompt_tokens=obj.get("prompt_tokens"),
-                output_tokens=obj.get("output_tokens"),
-                finish_reason=obj.get("finish_reason"),
-            )
+            data = path.read_bytes()
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError):
-            return None  # an unreadable entry is a miss; the fresh reply overwrites it
+        except OSError as error:
+            raise CacheEntryError(f"{path}: cannot read this judge cache entry ({error.strerror or error})") from None
+        try:
+            obj = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return None
+        except RecursionError:
+            raise CacheEntryError(f"{path}: judge cache entry nested too deeply; delete the file to ask again") from None
+        return _entry_from_json(obj, path)
 
     def put(self, key: str, reply: CachedReply) -> None:
         path = self.path_for(key)
@@ -83,7 +96,53 @@ class JudgeCache:
                 os.unlink(temp)
             raise
 
+    def check_writable(self) -> None:
+        """One clear error before any request when the cache folder cannot be written (nothing is left behind).
+
+        A folder that does not exist yet is judged by its nearest existing parent.
+        """
+        folder = self.root
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if not folder.is_dir():
+            raise SysbenchError(f"{self.root}: cannot be the judge cache folder ({folder} is a file)")
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".probe-", suffix=".tmp", dir=folder)
+        except OSError as error:
+            raise SysbenchError(f"{self.root}: judge cache folder not writable ({error.strerror or error})") from None
+        os.close(fd)
+        os.unlink(probe)
+
     def __len__(self) -> int:
         if not self.root.is_dir():
             return 0
         return sum(1 for _ in self.root.glob("??/*.json"))
+
+
+_TOKEN_FIELDS = ("prompt_tokens", "output_tokens")
+
+
+def _entry_from_json(obj: Any, path: Path) -> CachedReply:
+    def wrong(name: str, wanted: str, value: Any) -> CacheEntryError:
+        return CacheEntryError(
+            f"{path}: judge cache entry field {name!r} should be {wanted}, found {json_type(value)}; "
+            "delete the file to ask that question again"
+        )
+
+    if not isinstance(obj, dict):
+        raise CacheEntryError(
+            f"{path}: judge cache entry should be a JSON object, found {json_type(obj)}; "
+            "delete the file to ask that question again"
+        )
+    text = obj.get("text")
+    if not isinstance(text, str):
+        raise wrong("text", "a string", text)
+    for name in _TOKEN_FIELDS:
+        value = obj.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise wrong(name, "an integer or null", value)
+    finish = obj.get("finish_reason")
+    if finish is not None and not isinstance(finish, str):
+        raise wrong("finish_reason", "a string or null", finish)
+    return CachedReply(text=text, prompt_tokens=obj.get("prompt_tokens"), output_tokens=obj.get("output_tokens"),
+                       finish_reason=finish)

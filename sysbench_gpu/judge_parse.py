@@ -23,10 +23,12 @@ Steps:
    the verdict map itself. Reasoning is read from ``评判理由`` / ``reasoning``.
 4. Keys are integers written as JSON strings (``"1"``, ``" 2 "``) or, after the
    repair, bare integers; they must equal the checklist numbers exactly.
-   Values must be non-empty strings or booleans; they are kept raw and
-   normalized with ``verdicts.normalize_verdict`` (是/yes -> yes, 否/no -> no,
-   anything else such as 不适用 or 部分是 -> other). A number, null, list,
-   object or empty string is a failure, not a guess.
+   Values must be non-empty strings or booleans; they are kept raw and read
+   with ``verdicts.live_verdict``: yes and no forms (是, 不是, 未满足, "No, it
+   does not", "NO.") -> yes / no, the not-applicable family (不适用, 无法判断,
+   N/A) -> other. Any other value (部分是, "maybe", a line of code), a number,
+   null, list, object or empty string makes the reply a failure, not a guess:
+   it is retried, and recorded ``unparsed`` when every attempt fails.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any, Iterator, Sequence
 
 from sysbench_gpu.data import Constraint
 from sysbench_gpu.runstore import Verdict
-from sysbench_gpu.verdicts import normalize_verdict
+from sysbench_gpu.verdicts import live_verdict
 
 VERDICT_KEYS = ("评判结果", "verdicts", "verdict", "conclusion", "结论")
 REASONING_KEYS = ("评判理由", "reasoning", "reason", "理由")
@@ -285,5 +287,9 @@ def _check_verdicts(verdict_map: dict[str, Any], expected: dict[int, Constraint]
         else:
             shown = json.dumps(value, ensure_ascii=False)[:40]
             return ParseResult(ok=False, error=f"verdict {number} is {shown}, not a verdict string")
-        verdicts[str(number)] = Verdict(raw=raw, value=normalize_verdict(value), type=expected[number].type)
+        normalized = live_verdict(value)
+        if normalized is None:
+            shown = json.dumps(value, ensure_ascii=False)[:40]
+            return ParseResult(ok=False, error=f"verdict {number} is {shown}, not yes, no or not applicable")
+        verdicts[str(number)] = Verdict(raw=raw, value=normalized, type=expected[number].type)
     return ParseResult(ok=True, verdicts=verdicts)

@@ -196,10 +196,17 @@ def compute_metrics(
     expected: set[Key] | None = None,
     label: str | None = None,
     model: str | None = None,
+    unfinished_stages: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """All metrics of a judged run. ``expected``: turns that must be judged (default: all turns)."""
+    """All metrics of a judged run.
+
+    ``expected``: turns that were generated and must be judged (default: all turns);
+    the others are ungenerated. Ungenerated turns, missing judgments and
+    ``unfinished_stages`` (stages whose manifest status is ``running``) are errors
+    unless ``allow_partial``; the result's ``partial`` says whether any was there.
+    """
     scores, sessions, counts = _score_turns(
-        sessions, judgments, expected, allow_partial, exclude_unparsed, exclude_skipped
+        sessions, judgments, expected, allow_partial, exclude_unparsed, exclude_skipped, unfinished_stages
     )
     if not sessions:
         raise SysbenchError("no sessions to score")
@@ -247,7 +254,8 @@ def compute_metrics(
         "n_skipped_turns": counts["skipped"],
         "n_missing_turns": counts["missing"],
         "n_ungenerated_turns": counts["ungenerated"],
-        "partial": counts["missing"] > 0,
+        "unfinished_stages": list(unfinished_stages),
+        "partial": counts["missing"] > 0 or counts["ungenerated"] > 0 or bool(unfinished_stages),
         "excluded_unparsed": counts["unparsed"] > 0 and exclude_unparsed,
     }
 
@@ -259,8 +267,10 @@ def _score_turns(
     allow_partial: bool,
     exclude_unparsed: bool,
     exclude_skipped: bool = False,
+    unfinished_stages: Sequence[str] = (),
 ) -> tuple[dict[Key, TurnScore], list[Session], Counter]:
     counts: Counter = Counter()
+    ungenerated: list[Key] = []
     missing: list[Key] = []
     unparsed: list[Key] = []
     skipped: list[Key] = []  # the model gave no reply (over-length): neither passed nor failed silently
@@ -269,7 +279,7 @@ def _score_turns(
     for session in sessions:
         keys = [(session.system_id, t.index) for t in session.turns]
         wanted = [k for k in keys if expected is None or k in expected]
-        counts["ungenerated"] += len(keys) - len(wanted)
+        ungenerated += [k for k in keys if expected is not None and k not in expected]
         if not wanted:
             continue  # a session this run never generated
         kept.append(session)
@@ -283,30 +293,56 @@ def _score_turns(
                 skipped.append(key)
             else:
                 scores[key] = score_turn(session, key[1], judgment)
+    if not allow_partial and (ungenerated or unfinished_stages):
+        stages = " and ".join(f"`{stage}`" for stage in unfinished_stages)
+        parts = []
+        if ungenerated:
+            parts.append(f"{len(ungenerated)} turn(s) were never generated ({name_keys(ungenerated)})")
+        if unfinished_stages:
+            parts.append(f"the manifest says {stages} is still running (or was stopped part-way)")
+        raise SysbenchError(
+            f"unfinished run: {'; '.join(parts)}; finish it by rerunning the same command, "
+            "or pass --allow-partial to score what is there"
+        )
     if missing and not allow_partial:
         raise SysbenchError(
-            f"{len(missing)} expected turn(s) have no judgment: {_name_keys(missing)}; "
+            f"{len(missing)} expected turn(s) have no judgment: {name_keys(missing)}; "
             "run judge to finish them, or pass --allow-partial to score the judged subset"
         )
     if unparsed and not exclude_unparsed:
         raise SysbenchError(
-            f"{len(unparsed)} judgment(s) are unparsed (the judge's reply never parsed): {_name_keys(unparsed)}; "
+            f"{len(unparsed)} judgment(s) are unparsed (the judge's reply never parsed): {name_keys(unparsed)}; "
             "rerun judge to retry them, or pass --exclude-unparsed to leave them out (they are counted)"
         )
     if skipped and not exclude_skipped:
         raise SysbenchError(
-            f"{len(skipped)} turn(s) were skipped at generation (no reply, e.g. over-length): {_name_keys(skipped)}; "
+            f"{len(skipped)} turn(s) were skipped at generation (no reply, e.g. over-length): {name_keys(skipped)}; "
             "regenerate with --on-overflow truncate-history, or pass --exclude-skipped to leave them out (they are counted)"
         )
+    counts["ungenerated"] = len(ungenerated)
     counts["missing"] = len(missing)
     counts["unparsed"] = len(unparsed)
     counts["skipped"] = len(skipped)
     return scores, kept, counts
 
 
-def _name_keys(keys: Sequence[Key]) -> str:
-    named = ", ".join(f"session {s} turn {t}" for s, t in keys[:_NAMED])
-    return named + (f" and {len(keys) - _NAMED} more" if len(keys) > _NAMED else "")
+def name_keys(keys: Sequence[Key], sessions_named: int = _NAMED) -> str:
+    """Turns briefly, by session: ``session 3, turns 2-5; session 4, turn 1; ... and 4 more``."""
+    by_session: dict[int, list[int]] = {}
+    for system_id, turn in sorted(keys):
+        by_session.setdefault(system_id, []).append(turn)
+    named = []
+    for system_id, turns in list(by_session.items())[:sessions_named]:
+        spans: list[list[int]] = []
+        for turn in turns:
+            if spans and turn == spans[-1][1] + 1:
+                spans[-1][1] = turn
+            else:
+                spans.append([turn, turn])
+        listed = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+        named.append(f"session {system_id}, turn{'s' if len(turns) > 1 else ''} {listed}")
+    more = len(by_session) - sessions_named
+    return "; ".join(named) + (f"; ... and {more} more session{'s' if more > 1 else ''}" if more > 0 else "")
 
 
 def _isr_breakdown(turns: Sequence[TurnScore]) -> dict[str, float | None]:
@@ -341,6 +377,7 @@ class LoadedRun:
     sessions: list[Session]
     judgments: dict[Key, JudgmentRecord]
     expected: set[Key]
+    unfinished_stages: tuple[str, ...] = ()
 
 
 def load_run(run_dir: str | Path) -> LoadedRun:
@@ -357,7 +394,10 @@ def load_run(run_dir: str | Path) -> LoadedRun:
         raise SysbenchError(f"{run.path}: no generation record matches a turn of sessions.json")
     judgments = run.judgments.read()
     label, model = _label_and_model(manifest, generations.values(), run.path)
-    return LoadedRun(run.path, label, model, sessions, judgments, expected)
+    unfinished = tuple(
+        stage for stage, section in manifest.get("stages", {}).items() if section.get("status") == "running"
+    )
+    return LoadedRun(run.path, label, model, sessions, judgments, expected, unfinished)
 
 
 def _label_and_model(manifest: Mapping[str, Any], generations: Any, path: Path) -> tuple[str, str | None]:
@@ -402,6 +442,7 @@ def run_metrics(
             expected=loaded.expected,
             label=loaded.label,
             model=loaded.model,
+            unfinished_stages=loaded.unfinished_stages,
         )
     except SysbenchError as error:
         raise SysbenchError(f"{loaded.path}: {error}") from None
@@ -410,14 +451,21 @@ def run_metrics(
 # ---------------------------------------------------------------- comparison
 
 
-def compare_runs(run_a: str | Path, run_b: str | Path, *, resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """Paired difference B - A per headline metric, with a paired session bootstrap CI."""
+def compare_runs(
+    run_a: str | Path, run_b: str | Path, *, resamples: int = 1000, seed: int = 0, allow_partial: bool = False
+) -> dict[str, Any]:
+    """Paired difference B - A per headline metric, with a paired session bootstrap CI.
+
+    Both runs must be finished (every turn generated and judged) unless ``allow_partial``.
+    """
     a, b = load_run(run_a), load_run(run_b)
     _check_same_coverage(a, b)
     tables = []
     for run in (a, b):
         try:
-            scores, sessions, _ = _score_turns(run.sessions, run.judgments, run.expected, False, False)
+            scores, sessions, _ = _score_turns(
+                run.sessions, run.judgments, run.expected, allow_partial, False, False, run.unfinished_stages
+            )
         except SysbenchError as error:
             raise SysbenchError(f"{run.path}: {error} (compare needs two complete runs)") from None
         tables.append(build_table(sorted(sessions, key=lambda s: s.system_id), scores))
@@ -444,9 +492,9 @@ def _check_same_coverage(a: LoadedRun, b: LoadedRun) -> None:
     if only_a or only_b:
         parts = []
         if only_a:
-            parts.append(f"{len(only_a)} turn(s) only in {a.path}: {_name_keys(only_a)}")
+            parts.append(f"{len(only_a)} turn(s) only in {a.path}: {name_keys(only_a)}")
         if only_b:
-            parts.append(f"{len(only_b)} turn(s) only in {b.path}: {_name_keys(only_b)}")
+            parts.append(f"{len(only_b)} turn(s) only in {b.path}: {name_keys(only_b)}")
         raise SysbenchError("runs do not cover the same turns: " + "; ".join(parts))
     sessions_a = {s.system_id: s for s in a.sessions}
     sessions_b = {s.system_id: s for s in b.sessions}
@@ -461,7 +509,7 @@ def _check_same_coverage(a: LoadedRun, b: LoadedRun) -> None:
     if differing:
         raise SysbenchError(
             f"runs {a.path} and {b.path} have different checklists, alignment or dependency on "
-            f"{len(differing)} turn(s): {_name_keys(differing)}"
+            f"{len(differing)} turn(s): {name_keys(differing)}"
         )
 
 
@@ -480,7 +528,9 @@ def format_metrics(result: Mapping[str, Any]) -> str:
     lines = [
         f"run {result['label']}  model {result['model']}",
         f"{result['n_sessions']} sessions, {result['n_turns']} turns, {result['n_constraints']} constraints"
-        + ("  (PARTIAL: " + f"{result['n_missing_turns']} turns not judged)" if result["partial"] else "")
+        + (f"  (PARTIAL: {result['n_ungenerated_turns']} turns not generated, {result['n_missing_turns']} not judged"
+           + (f", {' and '.join(result['unfinished_stages'])} still running" if result["unfinished_stages"] else "")
+           + ")" if result["partial"] else "")
         + (f"  ({result['n_unparsed_turns']} unparsed turns excluded)" if result["excluded_unparsed"] else "")
         + (f"  ({result['n_skipped_turns']} skipped turns excluded)" if result["n_skipped_turns"] else ""),
         "",
@@ -536,7 +586,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("metrics", help="CSR, ISR, SSR and breakdowns of a judged run")
     parser.add_argument("run_dir", help="run directory (generated and judged, or imported)")
     parser.add_argument("--json", action="store_true", help="print JSON (fractions in [0, 1])")
-    parser.add_argument("--allow-partial", action="store_true", help="score the judged subset of an unfinished run")
+    parser.add_argument(
+        "--allow-partial", action="store_true", help="score what is there of an unfinished run (ungenerated or unjudged turns)"
+    )
     parser.add_argument("--exclude-unparsed", action="store_true", help="leave out (and count) unparsed judgments")
     parser.add_argument(
         "--exclude-skipped", action="store_true", help="leave out (and count) turns skipped at generation (no reply)"
@@ -549,6 +601,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     compare.add_argument("run_a", help="baseline run directory")
     compare.add_argument("run_b", help="run directory compared against it")
     compare.add_argument("--json", action="store_true", help="print JSON")
+    compare.add_argument("--allow-partial", action="store_true", help="compare runs with ungenerated or unjudged turns")
     compare.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
     compare.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     compare.set_defaults(func=_cmd_compare)
@@ -568,7 +621,7 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    result = compare_runs(args.run_a, args.run_b, resamples=args.resamples, seed=args.seed)
+    result = compare_runs(args.run_a, args.run_b, resamples=args.resamples, seed=args.seed, allow_partial=args.allow_partial)
     _emit(result, args.json, format_comparison)
     return 0
 

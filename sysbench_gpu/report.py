@@ -189,7 +189,7 @@ def dataset_warnings(runs: Sequence[RunSummary]) -> list[str]:
         )
     partial = [run.label for run in runs if run.metrics.get("partial")]
     if partial:
-        warnings.append(f"partial runs (turns missing from their judgments): {', '.join(partial)}")
+        warnings.append(f"partial runs (turns not generated or not judged, or a stage still running): {', '.join(partial)}")
     return warnings
 
 
@@ -551,6 +551,7 @@ def write_report(
     figures: bool = True,
     options: Mapping[str, Any] | None = None,
     arguments: Mapping[str, Any] | None = None,
+    device_spec: str | None = None,
 ) -> ReportResult:
     """Write tables, figures, ``report.md`` and ``report.json`` for ``runs`` (in display order).
 
@@ -612,15 +613,23 @@ def write_report(
             figure_paths["fig_gt_history_gain"] = drawn.paths
             warnings += drawn.warnings
 
+    from sysbench_gpu.profile import report_section  # runs with stats.json get a throughput profile
+
+    profile_lines, profile_entries = report_section([run.path for run in runs], device_spec)
     created = utc_now()
     report_md = _report_markdown(runs, pairs, tables, figure_paths, warnings, created, sessions_source)
+    from sysbench_gpu.explore import explorer_link  # an explorer site in a folder `explore` beside the report's
+
+    explorer = explorer_link(out_dir)
+    if explorer:
+        report_md = report_md.replace("\n## Runs\n", f"\nExplorer: [{explorer}]({explorer})\n\n## Runs\n", 1)
+    if profile_lines:
+        report_md += "\n" + "\n".join(profile_lines) + "\n"
     (out_dir / "report.md").write_text(report_md, encoding="utf-8")
-    write_json_atomic(
-        out_dir / "report.json",
-        _report_json(
-            runs, pairs, table_paths, figure_paths, warnings, created, sessions_source, options or {}, arguments or {}
-        ),
+    report_json = _report_json(
+        runs, pairs, table_paths, figure_paths, warnings, created, sessions_source, options or {}, arguments or {}
     )
+    write_json_atomic(out_dir / "report.json", {**report_json, "profile": profile_entries, "explorer": explorer})
     return ReportResult(
         out_dir=out_dir,
         tables=table_paths,
@@ -809,6 +818,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples for the 95%% CIs")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    parser.add_argument("--device-spec", help="device for the throughput profile of runs with stats.json "
+                        "(h100, h200, a100, cpu or a JSON file; default: cpu for CPU runs, else none)")
     parser.set_defaults(func=_cmd_report)
 
 
@@ -868,7 +879,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     result = write_report(
         runs, args.out, pairs, sessions=sessions, sessions_source=source, formats=formats,
         figures=not args.no_figures, options=options,
-        arguments={key: value for key, value in vars(args).items() if key != "func"},
+        arguments={key: value for key, value in vars(args).items() if key != "func"}, device_spec=args.device_spec,
     )
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)

@@ -9,12 +9,13 @@
       judgments.jsonl    one JudgmentRecord per (system_id, turn)
       stats.json         per-turn generation statistics (batch_infer)
 
-JSONL files are append-only. Each record is written with one ``write`` on a file
-opened with O_APPEND, under an exclusive ``flock``, and then fsync'ed, so a crash
-leaves at most one torn last line; readers ignore a torn last line, and the next
-append cuts it off first. A
-record is keyed by (system_id, turn): a writer refuses a key that is already
-there, so a resumed stage never duplicates one.
+JSONL files are append-only (``jsonl``): each record is one line written under an
+exclusive ``flock`` and fsync'ed, a torn last line is ignored and cut by the next
+append. A record is keyed by (system_id, turn): a writer checks every new key
+against the file itself under the lock and refuses one already there, and readers
+refuse a key on two lines. Every record is type-checked on read; an error names the
+file, line, session, turn and field. One process per stage writes a run directory
+at a time (``locks``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from typing import Any, Generic, Iterable, Iterator, TypeVar
 
 from sysbench_gpu.data import CONSTRAINT_TYPES, Dataset, Session, load_dataset
 from sysbench_gpu.errors import SysbenchError
+from sysbench_gpu.jsonio import json_type, read_json
+from sysbench_gpu.jsonl import KeyIndex, complete_lines, open_locked, write_all
+from sysbench_gpu.redact import redact_obj
 
 MANIFEST = "manifest.json"
 SESSIONS = "sessions.json"
@@ -119,119 +123,201 @@ class JudgmentRecord:
 
 Record = TypeVar("Record", GenerationRecord, JudgmentRecord)
 
+GENERATION_STATUSES = ("ok", "skipped")
+HISTORY_MODES = ("model", "reference", "upstream")
+PARSE_STATUSES = ("ok", "unparsed", "imported", "skipped")
+
 
 def _record_to_json(record: Any) -> str:
     return json.dumps(dataclasses.asdict(record), ensure_ascii=False, separators=(",", ":"))
 
 
-def _generation_from_dict(obj: dict[str, Any]) -> GenerationRecord:
-    return GenerationRecord(**obj)
+class _FieldError(ValueError):
+    """A record field of the wrong type or value; the reader adds file, line, session and turn."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
 
 
-def _judgment_from_dict(obj: dict[str, Any]) -> JudgmentRecord:
-    verdicts = {str(k): Verdict(**v) for k, v in obj.pop("verdicts").items()}
-    return JudgmentRecord(verdicts=verdicts, **obj)
+_INT, _STR, _DICT = (int,), (str,), (dict,)
+
+
+def _field(obj: dict[str, Any], name: str, kinds: tuple[type, ...], optional: bool = False, default: Any = ...) -> Any:
+    if name not in obj:
+        if default is not ...:
+            return default
+        raise _FieldError(name, "is missing")
+    value = obj[name]
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        wanted = " or ".join({int: "an integer", str: "a string", dict: "an object"}[k] for k in kinds)
+        raise _FieldError(name, f"should be {wanted}{' or null' if optional else ''}, found {json_type(value)}")
+    return value
+
+
+def _choice(obj: dict[str, Any], name: str, allowed: tuple[str, ...], default: str) -> str:
+    value = _field(obj, name, _STR, default=default)
+    if value not in allowed:
+        raise _FieldError(name, f"is {value!r}, expected one of {', '.join(allowed)}")
+    return value
+
+
+def _only_known(obj: dict[str, Any], cls: type) -> None:
+    unknown = sorted(set(obj) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise _FieldError(unknown[0], "is not a field of this record")
+
+
+def _key_fields(obj: Any) -> Key:
+    if not isinstance(obj, dict):
+        raise _FieldError("record", f"should be an object, found {json_type(obj)}")
+    return (_field(obj, "system_id", _INT), _field(obj, "turn", _INT))
+
+
+def _generation_from_dict(obj: Any) -> GenerationRecord:
+    system_id, turn = _key_fields(obj)
+    _only_known(obj, GenerationRecord)
+    status = _choice(obj, "status", GENERATION_STATUSES, "ok")
+    response = _field(obj, "response", _STR, optional=True)
+    if response is None and status == "ok":
+        raise _FieldError("response", "is null but status is 'ok'")
+    return GenerationRecord(
+        system_id=system_id,
+        turn=turn,
+        user=_field(obj, "user", _STR),
+        response=response,
+        history=_choice(obj, "history", HISTORY_MODES, "model"),
+        status=status,
+        prompt_tokens=_field(obj, "prompt_tokens", _INT, optional=True, default=None),
+        output_tokens=_field(obj, "output_tokens", _INT, optional=True, default=None),
+        cached_prompt_tokens=_field(obj, "cached_prompt_tokens", _INT, optional=True, default=None),
+        finish_reason=_field(obj, "finish_reason", _STR, optional=True, default=None),
+        overflow=_field(obj, "overflow", _STR, optional=True, default=None),
+        model=_field(obj, "model", _STR, optional=True, default=None),
+        extra=_field(obj, "extra", _DICT, default={}),
+    )
+
+
+def _verdict_from_dict(number: str, obj: Any) -> Verdict:
+    if not isinstance(obj, dict):
+        raise _FieldError(f"verdicts.{number}", f"should be an object, found {json_type(obj)}")
+    unknown = sorted(set(obj) - {"raw", "value", "type"})
+    if unknown:
+        raise _FieldError(f"verdicts.{number}.{unknown[0]}", "is not a field of a verdict")
+    values = {}
+    for name in ("raw", "value", "type"):
+        try:
+            values[name] = _field(obj, name, _STR)
+        except _FieldError as error:
+            raise _FieldError(f"verdicts.{number}.{name}", str(error)) from None
+    if values["value"] not in VERDICT_VALUES:
+        raise _FieldError(f"verdicts.{number}.value", f"is {values['value']!r}, expected one of {', '.join(VERDICT_VALUES)}")
+    return Verdict(**values)
+
+
+def _judgment_from_dict(obj: Any) -> JudgmentRecord:
+    system_id, turn = _key_fields(obj)
+    _only_known(obj, JudgmentRecord)
+    verdicts = _field(obj, "verdicts", _DICT)
+    attempts = _field(obj, "attempts", _INT, default=1)
+    if attempts < 0:
+        raise _FieldError("attempts", f"is {attempts}, expected 0 or more")
+    return JudgmentRecord(
+        system_id=system_id,
+        turn=turn,
+        verdicts={str(k): _verdict_from_dict(str(k), v) for k, v in verdicts.items()},
+        parse_status=_choice(obj, "parse_status", PARSE_STATUSES, "ok"),
+        reasoning=_field(obj, "reasoning", _STR, optional=True, default=None),
+        judge_model=_field(obj, "judge_model", _STR, optional=True, default=None),
+        template_hash=_field(obj, "template_hash", _STR, optional=True, default=None),
+        raw_reply=_field(obj, "raw_reply", _STR, optional=True, default=None),
+        attempts=attempts,
+        extra=_field(obj, "extra", _DICT, default={}),
+    )
+
+
+_NAMED_DUPLICATES = 3
 
 
 class JsonlStore(Generic[Record]):
-    """Append-only JSONL of records keyed by (system_id, turn)."""
+    """Append-only JSONL of records keyed by (system_id, turn); see ``jsonl`` for the file rules."""
 
     def __init__(self, path: Path, from_dict: Any) -> None:
         self.path = Path(path)
         self._from_dict = from_dict
+        self._index = KeyIndex(key_of=_key_fields)
 
     def read(self) -> dict[Key, Record]:
-        """All records by key, in file order; a torn last line is ignored, later duplicates win."""
+        """All records by key, in file order, each validated; a torn last line is ignored.
+
+        A key on more than one line (two writers, or a hand edit) is an error naming them.
+        """
         records: dict[Key, Record] = {}
-        for record in self._iter_records():
-            records[record.key] = record
+        lines_of: dict[Key, list[int]] = {}
+        for number, record in self._iter_records():
+            lines_of.setdefault(record.key, []).append(number)
+            records.setdefault(record.key, record)
+        repeated = [(key, numbers) for key, numbers in lines_of.items() if len(numbers) > 1]
+        if repeated:
+            named = "; ".join(
+                f"session {s}, turn {t} on lines {', '.join(map(str, numbers))}" for (s, t), numbers in repeated[:_NAMED_DUPLICATES]
+            )
+            more = f"; ... and {len(repeated) - _NAMED_DUPLICATES} more" if len(repeated) > _NAMED_DUPLICATES else ""
+            raise SysbenchError(
+                f"{self.path}: {len(repeated)} key(s) have more than one record ({named}{more}); "
+                "two processes wrote this run? Keep one line per key"
+            )
         return records
 
     def keys(self) -> set[Key]:
         return set(self.read())
 
-    def _iter_records(self) -> Iterator[Record]:
+    def _iter_records(self) -> Iterator[tuple[int, Record]]:
         if not self.path.exists():
             return
-        data = self.path.read_bytes()
-        lines = data.split(b"\n")
-        complete = data.endswith(b"\n")
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            is_last = number == len(lines) or (number == len(lines) - 1 and complete)
+        for number, line in complete_lines(self.path.read_bytes()):
             try:
                 obj = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+                reason = "nested too deeply" if isinstance(error, RecursionError) else str(error)
+                raise SysbenchError(f"{self.path}: line {number} is not a valid record ({reason})") from None
+            try:
                 record = self._from_dict(obj)
-            except (UnicodeDecodeError, json.JSONDecodeError, TypeError, KeyError, AttributeError) as error:
-                if number == len(lines) and not complete:
-                    # Torn last line from a crash mid-write: ignore it; the next append removes it.
-                    return
-                where = "last line" if is_last else f"line {number}"
-                raise SysbenchError(f"{self.path}: {where} is not a valid record ({error})") from None
-            yield record
-
-    def _cut_torn_tail(self) -> None:
-        if not self.path.exists():
-            return
-        with open(self.path, "rb+") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            if size == 0:
-                return
-            handle.seek(size - 1)
-            if handle.read(1) == b"\n":
-                return
-            # Find the last newline and truncate after it.
-            position = size
-            chunk = 1 << 16
-            while position > 0:
-                start = max(0, position - chunk)
-                handle.seek(start)
-                block = handle.read(position - start)
-                index = block.rfind(b"\n")
-                if index >= 0:
-                    handle.truncate(start + index + 1)
-                    return
-                position = start
-            handle.truncate(0)
+            except _FieldError as error:
+                key = obj.get("system_id"), obj.get("turn")
+                located = f" (session {key[0]}, turn {key[1]})" if error.name not in ("system_id", "turn", "record") else ""
+                raise SysbenchError(f"{self.path}: line {number}{located}, field {error.name!r} {error}") from None
+            yield number, record
 
     def append(self, records: Iterable[Record], existing: set[Key] | None = None) -> int:
-        """Append records, each as one atomic line; a key already present is an error.
+        """Append records, each as one atomic line; a key already in the file (or in ``existing``) is an error.
 
-        ``existing`` may pass the keys already known to the caller to save a re-read.
+        The keys are checked against the file itself while it is locked, so two
+        writers can never both add a key.
         """
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        count = 0
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        records = list(records)
+        if not records:
+            return 0
+        fd = open_locked(self.path)
         try:
-            # An exclusive lock, so that cutting a torn tail never cuts another writer's line in flight.
-            _lock(fd)
-            self._cut_torn_tail()
-            known = set(self.keys()) if existing is None else existing
+            known = self._index.refresh(fd, self.path)
+            refused = set(existing or ())
+            batch: set[Key] = set()
             for record in records:
-                if record.key in known:
+                if record.key in known or record.key in refused or record.key in batch:
                     raise SysbenchError(
                         f"{self.path}: session {record.system_id}, turn {record.turn} already has a record"
                     )
-                line = (_record_to_json(record) + "\n").encode("utf-8")
-                written = os.write(fd, line)
-                if written != len(line):
-                    raise SysbenchError(f"{self.path}: short write ({written} of {len(line)} bytes); disk full?")
-                known.add(record.key)
-                count += 1
+                batch.add(record.key)
+            data = b"".join((_record_to_json(r) + "\n").encode("utf-8") for r in records)
+            write_all(fd, data, self.path)
             os.fsync(fd)
+            self._index.wrote(data, batch)
         finally:
             os.close(fd)
-        return count
-
-
-def _lock(fd: int) -> None:
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: a single writer per run directory is then the rule
-        return
-    fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd is closed
+        return len(records)
 
 
 def utc_now() -> str:
@@ -288,15 +374,31 @@ class RunDir:
         return self.path / MANIFEST
 
     def read_manifest(self) -> dict[str, Any]:
+        """The manifest, checked to be an object whose ``stages`` and ``dataset`` are objects ({} when absent)."""
         if not self.manifest_path.exists():
             return {}
-        try:
-            return json.loads(self.manifest_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as error:
-            raise SysbenchError(f"{self.manifest_path}: not valid JSON ({error.msg} at line {error.lineno})") from None
+        manifest = read_json(self.manifest_path, expect=dict)
+        for name in ("stages", "dataset", "versions"):
+            if name in manifest and not isinstance(manifest[name], dict):
+                raise SysbenchError(
+                    f"{self.manifest_path}: field {name!r} should be an object, found {json_type(manifest[name])}"
+                )
+        for stage, section in manifest.get("stages", {}).items():
+            if not isinstance(section, dict):
+                raise SysbenchError(
+                    f"{self.manifest_path}: field 'stages.{stage}' should be an object, found {json_type(section)}"
+                )
+        return manifest
+
+    def stage_section(self, stage: str) -> dict[str, Any]:
+        """``stages.<stage>`` of the manifest ({} when absent)."""
+        return self.read_manifest().get("stages", {}).get(stage, {})
 
     def update_manifest(self, stage: str | None = None, **fields: Any) -> dict[str, Any]:
-        """Merge ``fields`` into the manifest (under ``stages[stage]`` when given) and write it atomically."""
+        """Merge ``fields`` into the manifest (under ``stages[stage]`` when given) and write it atomically.
+
+        Every string written passes through ``redact``: no secret reaches the manifest.
+        """
         manifest = self.read_manifest()
         now = utc_now()
         manifest.setdefault("schema_version", SCHEMA_VERSION)
@@ -309,8 +411,24 @@ class RunDir:
             section = manifest.setdefault("stages", {}).setdefault(stage, {})
             section.update(fields)
             section["updated"] = now
+        manifest = redact_obj(manifest)
         write_json_atomic(self.manifest_path, manifest)
         return manifest
+
+    def ensure_writable(self, names: Iterable[str]) -> None:
+        """One clear error now, not after paid work, when a file this stage appends to cannot be written.
+
+        The directory itself is checked by taking the stage lock (``locks``); this
+        opens each existing file for appending without writing a byte.
+        """
+        for name in names:
+            path = self.path / name
+            if not path.exists():
+                continue
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+            except OSError as error:
+                raise SysbenchError(f"{path}: not writable ({error.strerror or error}); fix its permissions first") from None
 
     # -- sessions snapshot -----------------------------------------------------
     @property

@@ -53,6 +53,7 @@ from sysbench_gpu.data import (
     parse_sessions,
 )
 from sysbench_gpu.errors import SysbenchError, where
+from sysbench_gpu.locks import stage_lock
 from sysbench_gpu.runstore import GenerationRecord, JudgmentRecord, RunDir, Verdict, session_to_upstream
 from sysbench_gpu.verdicts import NO, normalize_verdict
 
@@ -534,9 +535,17 @@ def import_workbook(
     label: str | None = None,
     history: str | None = None,
 ) -> ImportResult:
-    """Turn one upstream workbook into the run directory ``out`` (atomically)."""
-    started = time.perf_counter()
+    """Turn one upstream workbook into the run directory ``out`` (atomically, one importer at a time)."""
     workbook, out = Path(workbook), Path(out)
+    # The run directory is built beside ``out`` and renamed, so the lock lives in the parent folder.
+    with stage_lock(out, "import-upstream", lock_file=out.parent / f".{out.name}.import.lock"):
+        return _import_locked(workbook, out, data, label, history)
+
+
+def _import_locked(
+    workbook: Path, out: Path, data: str | Path | None, label: str | None, history: str | None
+) -> ImportResult:
+    started = time.perf_counter()
     sha256 = file_sha256(workbook) if workbook.is_file() else None
     if out.exists():
         existing = _existing_import(out, sha256)

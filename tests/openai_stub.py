@@ -3,7 +3,10 @@
 ``responder(request_json, n)`` decides the answer to the n-th request (1-based):
 return ``Reply(...)``. It can inject HTTP errors (status 429/500), delay past a
 client's timeout, or answer with any text. The server counts requests and keeps
-their bodies, so a test can prove that a resumed run sent nothing twice.
+their bodies, so a test can prove that a resumed run sent nothing twice;
+``answered`` counts the 200 replies it finished sending. An error's ``message``
+may echo the request's ``{authorization}`` header and ``{path}`` (with its query),
+and a reply's text its ``{authorization}`` header, as careless servers do.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class Reply:
     completion_tokens: int = 5
     finish_reason: str = "stop"
     headers: dict[str, str] = field(default_factory=dict)
+    message: str | None = None  # error text; "{authorization}" and "{path}" are filled from the request
 
 
 Responder = Callable[[dict[str, Any], int], Reply]
@@ -36,6 +40,8 @@ class OpenAIStub:
     def __init__(self, responder: Responder) -> None:
         self.responder = responder
         self.requests: list[dict[str, Any]] = []
+        self.paths: list[str] = []
+        self.answered = 0
         self._lock = threading.Lock()
         stub = self
 
@@ -48,13 +54,19 @@ class OpenAIStub:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 with stub._lock:
                     stub.requests.append(body)
+                    stub.paths.append(self.path)
                     number = len(stub.requests)
                 reply = stub.responder(body, number)
                 if reply.delay_s:
                     time.sleep(reply.delay_s)
                 if reply.status != 200:
-                    payload = {"error": {"message": f"injected {reply.status}", "type": "test"}}
+                    message = reply.message or f"injected {reply.status}"
+                    message = message.replace("{authorization}", self.headers.get("Authorization", "")).replace(
+                        "{path}", self.path
+                    )
+                    payload = {"error": {"message": message, "type": "test"}}
                 else:
+                    text = reply.text.replace("{authorization}", self.headers.get("Authorization", ""))
                     payload = {
                         "id": f"cmpl-{number}",
                         "object": "chat.completion",
@@ -63,7 +75,7 @@ class OpenAIStub:
                         "choices": [
                             {
                                 "index": 0,
-                                "message": {"role": "assistant", "content": reply.text},
+                                "message": {"role": "assistant", "content": text},
                                 "finish_reason": reply.finish_reason,
                             }
                         ],
@@ -82,8 +94,12 @@ class OpenAIStub:
                         self.send_header(key, value)
                     self.end_headers()
                     self.wfile.write(data)
+                    self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (timeout test)
+                    return  # the client gave up (timeout test)
+                if reply.status == 200:
+                    with stub._lock:
+                        stub.answered += 1
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True

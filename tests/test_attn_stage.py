@@ -18,7 +18,9 @@ from sysbench_gpu.attn_analysis import (  # noqa: E402
     moving_average,
     normalized_axis,
     read_turn_table,
+    turn_shares,
 )
+from sysbench_gpu.attn_store import append_lines, complete_lines  # noqa: E402
 from sysbench_gpu.cli import main  # noqa: E402
 from sysbench_gpu.runstore import GenerationRecord, JudgmentRecord, RunDir, Verdict  # noqa: E402
 
@@ -125,6 +127,45 @@ def test_ranks_split_sessions_and_rank0_merges(run_dir, tmp_path, monkeypatch):
     assert analysis["n_sessions"] == 2
     written = main(["attention-plot", str(out), str(out), "--names", "a,b", "--out", str(tmp_path / "fig"), "--layer", "layer3"])
     assert written == 0 and (tmp_path / "fig" / "turn_means_layer3.pdf").exists()
+
+
+def test_torn_shard_tail_is_cut_and_its_rows_recovered(run_dir, tmp_path, monkeypatch):
+    """Issue 9 item 7: a crash mid-append tears the shard's last line; the rerun neither fails nor loses rows."""
+    from sysbench_gpu import attn_hooks
+
+    class CaptureWithPaths(attn_hooks.AttentionShareCapture):
+        paths = {3: "fallback", 1: "kernel-lse"}  # what the capture reports it ran, where it reports it
+
+    monkeypatch.setattr(attn_hooks, "AttentionShareCapture", CaptureWithPaths)
+    run, sessions = run_dir
+    out = tmp_path / "attn"
+    assert _run(run, out, "--limit", "2", "--no-figures") == 0
+    assert json.loads((out / "manifest.json").read_text())["capture_paths"] == {"1": "kernel-lse", "3": "fallback"}
+    shard = out / "shards" / "rank0-of-1.jsonl"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-30])  # the last row of session 2 is cut mid-line; its .npz was written first
+    assert len(read_turn_table(shard)) == len(data.splitlines()) - 1  # readers skip the torn line
+    (out / "turn_shares.jsonl").unlink()
+    assert _run(run, out, "--limit", "3", "--no-figures") == 0  # measures session 3, appending after the cut
+    text = shard.read_text(encoding="utf-8")
+    assert text.endswith("\n") and all(json.loads(line) for line in text.splitlines())
+    rows = read_turn_table(out / "turn_shares.jsonl")
+    expected = []
+    for session in sessions:
+        expected += turn_shares(np.load(out / "sessions" / f"{session.system_id:04d}.system.npz"))
+    assert sorted(r.key for r in rows) == sorted(r.key for r in expected) and len(rows) == 2 * (5 + 3 + 5)
+    assert {r.key: r for r in rows} == {r.key: r for r in expected}
+
+
+def test_shard_lines_torn_tail_helpers(tmp_path):
+    path = tmp_path / "shard.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"b": 2}\n{"c"')
+    assert complete_lines(path) == [(1, '{"a": 1}'), (2, '{"b": 2}')]
+    append_lines(path, ['{"d": 4}', '{"e": 5}'])
+    assert path.read_bytes() == b'{"a": 1}\n{"b": 2}\n{"d": 4}\n{"e": 5}\n'
+    path.write_bytes(b'{"only": "torn"')
+    append_lines(path, ["x"])
+    assert path.read_bytes() == b"x\n" and complete_lines(tmp_path / "missing.jsonl") == []
 
 
 def test_correlation_and_helpers():

@@ -118,6 +118,6 @@ def test_rejudged_copy_agrees_with_its_source(imported, tmp_path, capsys, monkey
 def test_rejudge_refuses_a_foreign_out_dir(imported, tmp_path):
     other = RunDir(imported["qwen2_72b"])
     with pytest.raises(SysbenchError, match="other generations"):
-        from sysbench_gpu.judge import prepare_rejudge
+        from sysbench_gpu.judge_rejudge import prepare_rejudge
 
         prepare_rejudge(other, imported["gpt4o"], None)

@@ -69,7 +69,7 @@ class Scripted:
             return _reply(json.dumps({"评判理由": "r", "评判结果": {"99": "是"}}, ensure_ascii=False))
         if kind == "odd":
             numbers = [c.id for c in session.turn(turn).constraints]
-            values = {str(k): ("不适用" if i == 0 else "maybe") for i, k in enumerate(numbers)}
+            values = {str(k): ("不适用" if i == 0 else "N/A") for i, k in enumerate(numbers)}
             return _reply(json.dumps({"reasoning": "r", "verdicts": values}, ensure_ascii=False))
         if kind in EVIL:
             return _reply(EVIL[kind].format(path=self.pwned_dir / f"PWNED_{kind}"))
@@ -153,11 +153,11 @@ def test_faults_end_to_end_resume_and_cache(tmp_path, dataset):
         assert judgments[(2, 1)].attempts == 1 and script.per_turn[(2, 1)] == 2
         assert judgments[(1, 2)].attempts == 2 and "no JSON object" in judgments[(1, 2)].extra["failures"][0]
 
-        # Values outside yes/no are kept raw and are neither yes nor no.
+        # Not-applicable values are kept raw and are neither yes nor no.
         odd = judgments[(1, 4)]
         assert odd.parse_status == "ok"
         assert {v.value for v in odd.verdicts.values()} == {"other"}
-        assert {v.raw for v in odd.verdicts.values()} <= {"不适用", "maybe"}
+        assert {v.raw for v in odd.verdicts.values()} <= {"不适用", "N/A"}
         # Turn 5 replies say 否: a failing turn, judged as such.
         assert judgments[(3, 5)].passed is False and judgments[(3, 4)].passed is True
         assert all(r.template_hash == load_template("zh").sha256 for r in judgments.values())
@@ -281,3 +281,38 @@ def test_cli_custom_template_file(tmp_path, dataset, capsys, monkeypatch):
         assert first.startswith("Sys: ") and 'JSON {"评判结果": {"1": "是/否"' in first
     ledger = json.loads((run.path / LEDGER).read_text())["models"]["my-judge"]
     assert ledger["estimated_cost_usd"] is None and ledger["requests"] == 5  # unknown model: cost unknown
+
+
+LIVE = {
+    1: [["不是", "不", "NO.", "No, it does not", "未满足"]],  # every negative form is no: the turn fails
+    2: [["不适用", "无法判断"]],  # the not-applicable family is other: the turn passes
+    3: [["是", "maybe", "是"], ["是", "是", "是"]],  # off-vocabulary: retried, then a valid reply
+    4: [["是", "`print('x')`", "部分"]],  # off-vocabulary every time: unparsed
+    5: [["是的", "Yes - fine", "满足", "yes", "是"]],
+}
+
+
+def test_live_judge_vocabulary_never_passes_an_off_vocabulary_verdict(tmp_path, dataset):
+    run = make_run(tmp_path / "run", dataset, [2])
+    asked: Counter = Counter()
+
+    def responder(body: dict, n: int) -> Reply:
+        _, sid, turn = marker(body["messages"][-1]["content"])
+        asked[turn] += 1
+        script = LIVE[turn]
+        values = script[min(asked[turn], len(script)) - 1]
+        verdicts = {str(i): value for i, value in enumerate(values, start=1)}
+        return _reply(json.dumps({"评判理由": "r", "评判结果": verdicts}, ensure_ascii=False))
+
+    with OpenAIStub(responder) as stub:
+        summary = judge_run(run, _settings(run, max_retries=3), lambda: _engine(stub.base_url), show_progress=False)
+    records = run.judgments.read()
+    assert (summary.judged, summary.unparsed) == (4, 1)
+    assert {v.value for v in records[(2, 1)].verdicts.values()} == {"no"} and records[(2, 1)].passed is False
+    assert {v.value for v in records[(2, 2)].verdicts.values()} == {"other"} and records[(2, 2)].passed is True
+    assert records[(2, 3)].attempts == 2 and "verdict 2 is \"maybe\"" in records[(2, 3)].extra["failures"][0]
+    assert records[(2, 4)].parse_status == "unparsed" and records[(2, 4)].attempts == 3 and asked[4] == 3
+    assert {v.value for v in records[(2, 5)].verdicts.values()} == {"yes"}
+    for record in records.values():
+        if record.parse_status == "ok":
+            assert all(v.raw not in ("maybe", "`print('x')`", "部分") for v in record.verdicts.values())

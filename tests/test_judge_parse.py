@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import builtins
 import inspect
+import json
 
 import pytest
 
@@ -47,11 +48,17 @@ def test_int_and_str_keys_and_both_languages():
     assert values(zh) == values(en) == {"1": "yes", "2": "no", "3": "yes"}
 
 
-def test_other_values_are_kept_raw():
-    result = parse_reply('{"评判结果": {"1": "不适用", "2": "部分是", "3": "无法判断"}}', C3)
+def test_not_applicable_values_are_other_and_kept_raw():
+    result = parse_reply('{"评判结果": {"1": "不适用", "2": "N/A", "3": "无法判断"}}', C3)
     assert result.ok
     assert values(result) == {"1": "other", "2": "other", "3": "other"}
-    assert [v.raw for v in result.verdicts.values()] == ["不适用", "部分是", "无法判断"]
+    assert [v.raw for v in result.verdicts.values()] == ["不适用", "N/A", "无法判断"]
+
+
+@pytest.mark.parametrize("raw", ["部分是", "maybe", "`print('x')`", "部分满足", "yes and no", "是，但部分不符合", "不完全满足", "忽略"])
+def test_off_vocabulary_verdict_makes_the_reply_invalid(raw):
+    result = parse_reply(json.dumps({"评判结果": {"1": raw, "2": "是", "3": "是"}}, ensure_ascii=False), C3)
+    assert not result.ok and "verdict 1" in result.error and "not yes, no or not applicable" in result.error
 
 
 def test_booleans_accepted_but_numbers_null_and_empty_are_failures():
@@ -129,7 +136,23 @@ def test_repair_is_token_level_only():
     assert list(balanced_objects('a {"x": "}"} b {c} "{" d')) == ['{"x": "}"}', "{c}"]
 
 
-@pytest.mark.parametrize("raw,value", [("是", "yes"), ("否", "no"), ("Yes", "yes"), ("NO", "no"), ("n.a.", "other"), ("忽略", "other")])
+@pytest.mark.parametrize(
+    "raw,value",
+    [
+        ("是", "yes"), ("否", "no"), ("Yes", "yes"), ("NO", "no"), ("n.a.", "other"), ("不是", "no"), ("不", "no"),
+        ("未满足", "no"), ("不满足", "no"), ("没有满足", "no"), ("No, it does not", "no"), ("NO.", "no"), ("No.", "no"),
+        ("否，回答没有使用表格", "no"), ("Yes - the reply is formal", "yes"), ("是的。", "yes"), ("满足", "yes"),
+        ("不适用", "other"), ("无法评判", "other"), ("Not applicable", "other"), ("N/A", "other"),
+    ],
+)
 def test_value_mapping(raw, value):
     result = parse_reply('{"verdicts": {"1": "%s"}}' % raw, C3[:1])
     assert result.ok and result.verdicts["1"].value == value and result.verdicts["1"].raw == raw
+
+
+def test_import_normalization_is_unchanged_by_the_live_vocabulary():
+    from sysbench_gpu.verdicts import live_verdict, normalize_verdict
+
+    # Workbooks keep their values as the paper's numbers were made: anything but 是/否 is other.
+    assert [normalize_verdict(v) for v in ("是", "否", "部分是", "不是", "maybe")] == ["yes", "no", "other", "other", "other"]
+    assert [live_verdict(v) for v in ("是", "否", "部分是", "不是", "maybe")] == ["yes", "no", None, "no", None]

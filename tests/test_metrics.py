@@ -87,7 +87,7 @@ def test_every_key_on_hand_built_sessions():
     assert m["ssr_by_group"] == pytest.approx({"dependent": f(1, 6), "parallel": f(2, 3)})
     assert m["ssr"] == pytest.approx(sum(m["rounds"]["all"]) / 3)
     assert m["isr_by_round"] == pytest.approx([f(2, 3), f(1, 3), f(2, 3)])
-    # 不适用 neither satisfies (style CSR 1/2) nor fails (session 1 turn 3 passes).
+    # 不适用 neither satisfies (style CSR 1/2) nor fails (session 1, turn 3 passes).
     assert m["verdict_counts"] == {"yes": 9, "no": 4, "other": 1}
     assert m["n_other_verdicts"] == 1
     assert (m["n_unparsed_turns"], m["n_missing_turns"], m["partial"], m["excluded_unparsed"]) == (0, 0, False, False)
@@ -99,7 +99,7 @@ def test_every_key_on_hand_built_sessions():
 def test_missing_judgment_is_an_error_unless_partial():
     judgments = make_judgments()
     del judgments[(2, 2)]
-    with pytest.raises(SysbenchError, match=r"1 expected turn.*session 2 turn 2.*--allow-partial"):
+    with pytest.raises(SysbenchError, match=r"1 expected turn.*session 2, turn 2.*--allow-partial"):
         compute_metrics(make_sessions(), judgments)
     m = compute_metrics(make_sessions(), judgments, allow_partial=True, resamples=20)
     assert m["partial"] is True and m["n_missing_turns"] == 1 and m["n_turns"] == 8
@@ -112,7 +112,7 @@ def test_missing_judgment_is_an_error_unless_partial():
 def test_unparsed_judgment_is_an_error_unless_excluded():
     judgments = make_judgments()
     judgments[(1, 3)] = JudgmentRecord(system_id=1, turn=3, verdicts={}, parse_status="unparsed", raw_reply="??")
-    with pytest.raises(SysbenchError, match=r"unparsed.*session 1 turn 3.*--exclude-unparsed"):
+    with pytest.raises(SysbenchError, match=r"unparsed.*session 1, turn 3.*--exclude-unparsed"):
         compute_metrics(make_sessions(), judgments)
     m = compute_metrics(make_sessions(), judgments, exclude_unparsed=True, resamples=20)
     assert m["excluded_unparsed"] is True and m["n_unparsed_turns"] == 1
@@ -124,7 +124,7 @@ def test_unparsed_judgment_is_an_error_unless_excluded():
 def test_skipped_generation_is_never_scored_as_a_pass():
     judgments = make_judgments()
     judgments[(1, 3)] = JudgmentRecord(system_id=1, turn=3, verdicts={}, parse_status="skipped")
-    with pytest.raises(SysbenchError, match=r"skipped at generation.*session 1 turn 3.*--exclude-skipped"):
+    with pytest.raises(SysbenchError, match=r"skipped at generation.*session 1, turn 3.*--exclude-skipped"):
         compute_metrics(make_sessions(), judgments)
     m = compute_metrics(make_sessions(), judgments, exclude_skipped=True, resamples=20)
     assert m["n_skipped_turns"] == 1 and m["n_unparsed_turns"] == 0
@@ -146,8 +146,11 @@ def test_expected_limits_the_turns_that_must_be_judged():
     for key in [(3, 1), (3, 2), (3, 3), (2, 3)]:
         del judgments[key]
     expected = {(1, 1), (1, 2), (1, 3), (2, 1), (2, 2)}
-    m = compute_metrics(make_sessions(), judgments, expected=expected, resamples=20)
-    assert (m["n_sessions"], m["n_turns"], m["n_ungenerated_turns"], m["partial"]) == (2, 5, 4, False)
+    # Turns never generated make an unfinished run: an error naming them, unless partial runs are allowed.
+    with pytest.raises(SysbenchError, match=r"4 turn\(s\) were never generated \(session 2, turn 3; session 3, turns 1-3\).*--allow-partial"):
+        compute_metrics(make_sessions(), judgments, expected=expected, resamples=20)
+    m = compute_metrics(make_sessions(), judgments, expected=expected, resamples=20, allow_partial=True)
+    assert (m["n_sessions"], m["n_turns"], m["n_ungenerated_turns"], m["partial"]) == (2, 5, 4, True)
 
 
 def random_spec(n_sessions: int, seed: int) -> dict:
@@ -217,7 +220,7 @@ def replace_turn(spec: dict, system_id: int, turn: int, alignment: str, items: l
 
 
 def test_compare_gives_paired_difference(tmp_path):
-    spec_b = replace_turn(TINY, 1, 2, "misaligned", [("action", "是")])  # session 1 turn 2 now passes
+    spec_b = replace_turn(TINY, 1, 2, "misaligned", [("action", "是")])  # session 1, turn 2 now passes
     result = compare_runs(write_run(tmp_path / "a"), write_run(tmp_path / "b", spec_b, label="b"), resamples=200)
     assert result["metrics"]["isr"]["diff"] == pytest.approx(f(1, 9))
     assert result["metrics"]["csr"]["diff"] == pytest.approx(f(1, 14))
@@ -227,10 +230,10 @@ def test_compare_gives_paired_difference(tmp_path):
 
 def test_compare_of_mismatched_runs_names_the_differences(tmp_path):
     smaller = {k: v for k, v in TINY.items() if k != 3}
-    with pytest.raises(SysbenchError, match=r"3 turn\(s\) only in .*session 3 turn 1"):
+    with pytest.raises(SysbenchError, match=r"3 turn\(s\) only in .*session 3, turns 1-3"):
         compare_runs(write_run(tmp_path / "a"), write_run(tmp_path / "b", smaller))
     other_checklist = replace_turn(TINY, 2, 2, "aligned", [("format", "是")])
-    with pytest.raises(SysbenchError, match=r"different checklists.*session 2 turn 2"):
+    with pytest.raises(SysbenchError, match=r"different checklists.*session 2, turn 2"):
         compare_runs(write_run(tmp_path / "c"), write_run(tmp_path / "d", other_checklist))
 
 
@@ -270,7 +273,7 @@ def test_cli_errors_on_missing_or_torn_run_dirs(tmp_path, capsys):
     run = write_run(tmp_path / "torn-tail")
     data = (run / "judgments.jsonl").read_bytes()
     (run / "judgments.jsonl").write_bytes(data[: data.rstrip(b"\n").rfind(b"\n") + 40])  # last record torn
-    assert "session 3 turn 3" in one_error_line(*run_cli(["metrics", str(run)], capsys)[::2])
+    assert "session 3, turn 3" in one_error_line(*run_cli(["metrics", str(run)], capsys)[::2])
 
     run = write_run(tmp_path / "torn-middle")
     lines = (run / "judgments.jsonl").read_bytes().split(b"\n")
@@ -284,7 +287,7 @@ def test_cli_errors_on_missing_or_torn_run_dirs(tmp_path, capsys):
 
     good = write_run(tmp_path / "good")
     line = one_error_line(*run_cli(["compare", str(good), str(tmp_path / "torn-tail")], capsys)[::2])
-    assert "torn-tail" in line and "session 3 turn 3" in line
+    assert "torn-tail" in line and "session 3, turn 3" in line
 
 
 def test_metrics_never_imports_torch(tmp_path):

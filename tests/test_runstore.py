@@ -118,3 +118,54 @@ def test_sessions_snapshot_round_trip(tmp_path: Path, dataset) -> None:
     assert run.read_manifest()["dataset"]["sha256"] == dataset.sha256
     with pytest.raises(SysbenchError, match="no session with system_id 9999"):
         dataset.select([9999])
+
+
+def test_keys_are_checked_against_the_file_under_the_lock(tmp_path: Path) -> None:
+    # Two writers that each read the file before the other wrote: the second is refused by the file itself.
+    first, second = RunDir(tmp_path), RunDir(tmp_path)
+    first.generations.append([_generation(1, 1)])
+    second.generations.append([_generation(1, 2)], existing=set())
+    first.generations.append([_generation(1, 3)])
+    with pytest.raises(SysbenchError, match="session 1, turn 3 already has a record"):
+        second.generations.append([_generation(1, 3)], existing=set())
+    with pytest.raises(SysbenchError, match="session 2, turn 1 already has a record"):
+        second.generations.append([_generation(2, 1), _generation(2, 1)])
+    assert list(RunDir(tmp_path).generations.read()) == [(1, 1), (1, 2), (1, 3)]
+    # An atomic rewrite (as --retry-unparsed does) is noticed: the index starts over.
+    path = first.generations.path
+    path.write_bytes(path.read_bytes().split(b"\n", 1)[1])
+    first.generations.append([_generation(1, 1)])
+    assert sorted(RunDir(tmp_path).generations.read()) == [(1, 1), (1, 2), (1, 3)]
+
+
+@pytest.mark.parametrize(
+    "store,change,message",
+    [
+        ("generations", {"system_id": "1"}, "field 'system_id' should be an integer, found a string"),
+        ("generations", {"response": 7}, "field 'response' should be a string or null, found a number"),
+        ("generations", {"status": "done"}, "field 'status' is 'done', expected one of ok, skipped"),
+        ("generations", {"response": None}, "field 'response' is null but status is 'ok'"),
+        ("generations", {"colour": "red"}, "field 'colour' is not a field of this record"),
+        ("generations", {"turn": True}, "field 'turn' should be an integer, found a boolean"),
+        ("judgments", {"parse_status": "fine"}, "field 'parse_status' is 'fine', expected one of ok, unparsed, imported, skipped"),
+        ("judgments", {"verdicts": {"1": {"raw": "maybe", "value": "maybe", "type": "format"}}},
+         "field 'verdicts.1.value' is 'maybe', expected one of yes, no, other"),
+        ("judgments", {"verdicts": {"1": "是"}}, "field 'verdicts.1' should be an object, found a string"),
+        ("judgments", {"attempts": -1}, "field 'attempts' is -1, expected 0 or more"),
+    ],
+)
+def test_record_types_are_validated_on_read(tmp_path: Path, store: str, change: dict, message: str) -> None:
+    run = RunDir(tmp_path)
+    records = getattr(run, store)
+    if store == "generations":
+        records.append([_generation(1, 1), _generation(1, 2)])
+    else:
+        verdicts = {"1": Verdict(raw="是", value="yes", type="format")}
+        records.append([JudgmentRecord(system_id=1, turn=t, verdicts=verdicts) for t in (1, 2)])
+    lines = records.path.read_text(encoding="utf-8").splitlines()
+    lines[1] = json.dumps({**json.loads(lines[1]), **change}, ensure_ascii=False)
+    records.path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(SysbenchError) as caught:
+        records.read()
+    where = "line 2" if set(change) & {"system_id", "turn"} else "line 2 (session 1, turn 2)"
+    assert str(caught.value) == f"{records.path}: {where}, {message}"

@@ -7,7 +7,9 @@ exponential backoff and jitter (``engines.retry``). The client's own retries are
 switched off, so ours are the only ones and they are counted.
 
 The API key is read from the environment variable named by ``api_key_env`` and is
-never logged nor written to ``describe()`` (and so never to a manifest).
+registered with ``redact`` at once, together with any credentials in ``base_url``:
+from then on no log line, error, manifest field or stored reply can carry it.
+Replies are passed through ``redact`` too, in case a server echoes the key.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import random
 import threading
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any, Sequence
-from urllib.parse import urlsplit, urlunsplit
 
 from sysbench_gpu.engines.base import ChatMessage, Completion, SamplingSpec
 from sysbench_gpu.engines.retry import (
@@ -31,6 +32,7 @@ from sysbench_gpu.engines.retry import (
     parse_retry_after,
 )
 from sysbench_gpu.errors import SysbenchError
+from sysbench_gpu.redact import redact, redact_url, register_secret, register_url_secrets
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,8 @@ class OpenAIEngine:
         self._seed_accepted: bool | None = None  # unknown until a seeded request comes back
 
         api_key = os.environ.get(api_key_env) if api_key_env else None
+        register_secret(api_key)
+        register_url_secrets(self.base_url)
         if not api_key:
             if self.base_url is None:
                 raise SysbenchError(
@@ -183,7 +187,7 @@ class OpenAIEngine:
         return {
             "engine": self.name,
             "model": self.model,
-            "base_url": _redact_url(self.base_url) if self.base_url else "https://api.openai.com/v1",
+            "base_url": redact_url(self.base_url) if self.base_url else "https://api.openai.com/v1",
             "api_key_env": self.api_key_env,  # the variable's name, never its value
             "concurrency": self.concurrency,
             "timeout_s": self.timeout,
@@ -259,7 +263,7 @@ class OpenAIEngine:
         if served_model and served_model != self.model:
             extra["served_model"] = served_model
         return Completion(
-            text=text,
+            text=redact(text),
             prompt_tokens=getattr(usage, "prompt_tokens", None) if usage is not None else None,
             output_tokens=getattr(usage, "completion_tokens", None) if usage is not None else None,
             cached_prompt_tokens=getattr(details, "cached_tokens", None) if details is not None else None,
@@ -270,12 +274,3 @@ class OpenAIEngine:
 
 def _mentions_seed(error: BaseException) -> bool:
     return "seed" in str(error).lower()
-
-
-def _redact_url(url: str) -> str:
-    """Drop user:password and the query string (where some gateways put keys)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))

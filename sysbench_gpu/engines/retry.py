@@ -213,7 +213,9 @@ def parse_retry_after(headers: Mapping[str, str] | None, now: Callable[[], float
 
 
 def _error_text(error: BaseException) -> str:
-    text = str(error).strip() or type(error).__name__
+    from sysbench_gpu.redact import redact  # a server's error body may echo the key
+
+    text = redact(str(error).strip()) or type(error).__name__
     if len(text) > 500:
         text = text[:500] + "..."
     return f"{type(error).__name__}: {text}"

@@ -1,0 +1,11 @@
+"""MT-Eval (Kwan et al., arXiv 2401.16745) as a second multi-turn benchmark.
+
+- ``data``: task files (JSON Lines) -> the shared Session/Turn model; tasks, statistics, download.
+- ``conversation``: the messages of an answered turn under model or reference (gold) history.
+- ``rules``: rule scorers (recollection cls, recollection global-inst) and text counts.
+- ``judge_prompt``: the 1-10 LLM judge for refinement, expansion and follow-up.
+- ``metrics``: per-task, per-category, per-turn and overall scores with bootstrap CIs.
+- ``tables``: the leaderboard-layout table and paired comparisons as Markdown.
+
+See docs/mteval.md.
+"""
