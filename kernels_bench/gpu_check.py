@@ -5,8 +5,9 @@
 1. runs the ``gpu``-marked tests (``pytest -m gpu`` in a subprocess; on a CPU device
    they are reported as skipped, not run);
 2. builds random-weight models from real configurations (Qwen2-7B and Llama-3.1-8B:
-   layers, hidden size, heads, KV heads, MLP size, vocabulary, RoPE) directly on the
-   device, bf16 on CUDA. With ``--quick`` or on a CPU the same architectures are scaled
+   layers, hidden size, heads, KV heads, MLP size, vocabulary from the project's table
+   ``sysbench_gpu/model_configs.json``; RoPE and norm below) directly on the device, bf16
+   on CUDA. With ``--quick`` or on a CPU the same architectures are scaled
    down (2 layers, 32-dim heads with the same GQA grouping, a 2048-token vocabulary, fp32)
    so the whole check takes a few minutes on two cores;
 3. measures attention capture against a plain forward and against eager attention at
@@ -45,17 +46,16 @@ REPO_ROOT = BENCH_DIR.parent
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(BENCH_DIR))
 
-# Published configurations (config.json of Qwen/Qwen2-7B-Instruct and meta-llama/Llama-3.1-8B-Instruct).
-CONFIGS: dict[str, dict[str, Any]] = {
-    "qwen2-7b": {
-        "model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 3584, "num_attention_heads": 28,
-        "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064, "rope_theta": 1000000.0,
-        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
-    },
+# The published shapes come from the project's table of public config.json fields
+# (sysbench_gpu/model_configs.json, which the roofline also reads); the RoPE and norm
+# fields it does not hold are added here, as published in the same config.json files.
+MODELS = ("qwen2-7b", "llama-3.1-8b")
+SHAPE_FIELDS = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                "intermediate_size", "vocab_size", "tie_word_embeddings")
+ROPE_AND_NORM: dict[str, dict[str, Any]] = {
+    "qwen2-7b": {"rope_theta": 1000000.0, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6},
     "llama-3.1-8b": {
-        "model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "rope_theta": 500000.0,
-        "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+        "rope_theta": 500000.0, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
         "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 8192},
     },
@@ -78,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
     parser.add_argument("--quick", action="store_true", help="scaled-down shapes and short sequences")
     parser.add_argument("--json", help="write the results to this JSON file")
-    parser.add_argument("--models", default=",".join(CONFIGS), help=f"which configurations ({', '.join(CONFIGS)})")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"which configurations ({', '.join(MODELS)})")
     parser.add_argument("--lengths", help="attention sequence lengths (default: 2k..32k; --quick: 512,1024)")
     parser.add_argument("--repeats", type=int, help="timed repeats per attention measurement (default 3; --quick 1)")
     parser.add_argument("--eager-max-gib", type=float, default=4.0, help="skip eager where its matrices exceed this")
@@ -94,9 +94,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ------------------------------------------------------------------ pieces
 
 
+def published_config(name: str) -> dict[str, Any]:
+    """The fields of the model's published config.json that build it: shape from the shared table, RoPE and norm."""
+    from sysbench_gpu.profile_inputs import reference_configs
+
+    table = reference_configs()[name]
+    return {**{field: table[field] for field in SHAPE_FIELDS}, **copy.deepcopy(ROPE_AND_NORM[name])}
+
+
 def model_config(name: str, scaled: bool) -> dict[str, Any]:
     """The published configuration, or the same architecture scaled down (same GQA grouping and RoPE)."""
-    config = copy.deepcopy(CONFIGS[name])
+    config = published_config(name)
     if scaled:
         groups = config["num_attention_heads"] // config["num_key_value_heads"]
         kv_heads = max(1, config["num_key_value_heads"] // 4)
@@ -221,9 +229,9 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     turns = args.turns or (2 if args.quick else 3)
     max_tokens = args.max_tokens or (8 if args.quick else 64)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CONFIGS]
+    unknown = [n for n in names if n not in MODELS]
     if unknown:
-        raise SystemExit(f"gpu_check: unknown model(s) {', '.join(unknown)} (choose from {', '.join(CONFIGS)})")
+        raise SystemExit(f"gpu_check: unknown model(s) {', '.join(unknown)} (choose from {', '.join(MODELS)})")
     measure = load_measure(args.attention_measure)  # fail before any model is built
 
     report: dict[str, Any] = {

@@ -39,17 +39,22 @@ def attention_measure_option() -> list[str]:
     return ["--attention-measure", STANDIN]
 
 
-def test_scaled_configs_keep_the_architecture() -> None:
+def test_configs_are_the_published_shapes_and_scaled_ones_keep_the_architecture() -> None:
     gpu_check = _gpu_check()
-    for name, full in gpu_check.CONFIGS.items():
-        scaled = gpu_check.model_config(name, scaled=True)
+    qwen, llama = gpu_check.published_config("qwen2-7b"), gpu_check.published_config("llama-3.1-8b")
+    assert (qwen["num_hidden_layers"], qwen["hidden_size"], qwen["num_attention_heads"], qwen["num_key_value_heads"],
+            qwen["intermediate_size"], qwen["vocab_size"], qwen["rope_theta"]) == (28, 3584, 28, 4, 18944, 152064, 1e6)
+    assert (llama["num_hidden_layers"], llama["hidden_size"], llama["num_attention_heads"],
+            llama["num_key_value_heads"], llama["intermediate_size"], llama["vocab_size"], llama["rope_theta"]) == (
+        32, 4096, 32, 8, 14336, 128256, 500000.0)
+    assert llama["rope_scaling"]["rope_type"] == "llama3"
+    for name in gpu_check.MODELS:
+        full, scaled = gpu_check.published_config(name), gpu_check.model_config(name, scaled=True)
         assert scaled["model_type"] == full["model_type"] and scaled["rope_theta"] == full["rope_theta"]
         groups = full["num_attention_heads"] // full["num_key_value_heads"]
         assert scaled["num_attention_heads"] // scaled["num_key_value_heads"] == groups  # same GQA grouping
         assert scaled["num_hidden_layers"] == 2 and scaled["hidden_size"] < 512
-        assert gpu_check.model_config(name, scaled=False) == full  # the published shape, untouched
-    assert gpu_check.CONFIGS["qwen2-7b"]["num_hidden_layers"] == 28
-    assert gpu_check.CONFIGS["llama-3.1-8b"]["rope_scaling"]["rope_type"] == "llama3"
+        assert gpu_check.model_config(name, scaled=False) == full
 
 
 @pytest.mark.slow
