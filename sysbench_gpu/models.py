@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import logging
 import os
 import re
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Iterator
 
 from sysbench_gpu.errors import SysbenchError
+from sysbench_gpu.jsonio import JsonReadError, loads, read_json
 
 log = logging.getLogger(__name__)
 
@@ -113,12 +113,7 @@ def check_model_dir(path: str | Path) -> None:
     config = folder / "config.json"
     if not config.is_file():
         raise SysbenchError(f"model folder {folder}: no config.json, so it is not a transformers model folder")
-    try:
-        parsed = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise SysbenchError(f"model folder {folder}: config.json is not readable JSON ({_first_line(error)})") from None
-    if not isinstance(parsed, dict):
-        raise SysbenchError(f"model folder {folder}: config.json holds {type(parsed).__name__}, not an object")
+    read_json(config, expect=dict, what="a model configuration")
     if not any((folder / name).is_file() for name in TOKENIZER_FILES) and not any(folder.glob("*.tiktoken")):
         raise SysbenchError(
             f"model folder {folder}: no tokenizer files (one of {', '.join(TOKENIZER_FILES)}); "
@@ -148,10 +143,10 @@ def check_safetensors_file(path: Path) -> None:
             (header_len,) = struct.unpack("<Q", prefix)
             if header_len > min(_MAX_SAFETENSORS_HEADER, size - 8):
                 raise _corrupt(path, f"header length {header_len} does not fit in a file of {size} bytes")
-            header = json.loads(handle.read(header_len).decode("utf-8"))
+            header = loads(handle.read(header_len), path)
     except OSError as error:
-        raise SysbenchError(f"{path}: cannot read ({_first_line(error)})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise SysbenchError(f"{path}: cannot read ({error.strerror or error})") from None
+    except JsonReadError:
         raise _corrupt(path, "its header is not JSON") from None
     if not isinstance(header, dict):
         raise _corrupt(path, "its header is not a JSON object")
@@ -181,16 +176,10 @@ def _corrupt(path: Path, detail: str) -> SysbenchError:
 
 
 def _index_shards(index: Path) -> set[str]:
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
-        return {str(shard) for shard in weight_map.values()}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-        raise SysbenchError(f"{index}: not a readable safetensors index (JSON with a 'weight_map')") from None
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    weight_map = read_json(index, expect=dict, what="a safetensors index").get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise SysbenchError(f"{index}: a safetensors index needs a 'weight_map' object")
+    return {str(shard) for shard in weight_map.values()}
 
 
 def is_complete_model_dir(path: Path) -> bool:

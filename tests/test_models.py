@@ -77,7 +77,11 @@ def test_a_folder_without_tokenizer_config_or_weights_names_what_is_missing(tmp_
         check_model_dir(no_config)
 
     (no_config / "config.json").write_text("{not json", encoding="utf-8")
-    with pytest.raises(SysbenchError, match="config.json is not readable JSON"):
+    with pytest.raises(SysbenchError, match="config.json: not valid JSON at line 1"):
+        check_model_dir(no_config)
+
+    (no_config / "config.json").write_text("[1, 2]", encoding="utf-8")
+    with pytest.raises(SysbenchError, match="expected a JSON object of a model configuration, found an array"):
         check_model_dir(no_config)
 
     with pytest.raises(SysbenchError, match="not a folder"):
