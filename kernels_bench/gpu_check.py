@@ -219,8 +219,8 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     on_cuda = device.startswith("cuda")
     if on_cuda and not torch.cuda.is_available():
         raise SystemExit("gpu_check: --device cuda but torch sees no CUDA device")
-    if on_cuda:
-        torch.cuda.set_device(torch.device(device))
+    if on_cuda and ":" in device:
+        torch.cuda.set_device(torch.device(device))  # allocations and peak statistics on the chosen GPU
     scaled = args.quick or not on_cuda
     dtype = torch.bfloat16 if on_cuda else torch.float32
     lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else (QUICK_LENGTHS if scaled else FULL_LENGTHS)
