@@ -1,7 +1,10 @@
 # Set-up and entry points for a fresh CPU machine (Python >= 3.10 with venv).
 # `make demo`: install, then generate -> judge -> metrics -> report on the embedded default.
 # `make test`: install, then run the test suite (what .ci/run runs).
-# On a GPU machine install with `pip install -e '.[gpu]'` instead (see README).
+# On a GPU machine: `pip install torch` (the CUDA build), then `pip install -e '.[gpu]'`;
+# flash-attn optionally after that: `pip install flash-attn --no-build-isolation` (docs/engines.md).
+# The demo's judge step sizes vLLM's CPU KV cache from the memory that is free
+# (VLLM_CPU_KVCACHE_SPACE=<GiB> overrides it); its own output goes to ~/.cache/sysbench-gpu/logs.
 
 PYTHON ?= python3
 VENV ?= .venv

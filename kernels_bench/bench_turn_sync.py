@@ -27,17 +27,21 @@ import itertools
 import os
 import sys
 import time
+from pathlib import Path
 
-from sysbench_gpu.batch_infer import conversation_for_turn
-from sysbench_gpu.data import Session, load_dataset
-from sysbench_gpu.engines.base import SamplingSpec
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
+
+from sysbench_gpu.batch_infer import conversation_for_turn  # noqa: E402
+from sysbench_gpu.data import Session, load_dataset  # noqa: E402
+from sysbench_gpu.engines.base import SamplingSpec  # noqa: E402
+
 
 def pick_sessions(data: str | None, count: int, turns: int) -> tuple[str, list[Session]]:
     """``count`` sessions with at least ``turns`` turns from ``data`` (default: the demo set), cycled when short."""
     source = data or "demo"
     sessions = [s for s in load_dataset(source).sessions if len(s.turns) >= turns]
     if not sessions:
-        sys.exit(f"{source}: no session has {turns} turns")
+        raise SystemExit(f"{source}: no session has {turns} turns")
     return source, list(itertools.islice(itertools.cycle(sessions), count))
 
 
@@ -73,6 +77,48 @@ def one_session_at_a_time(engine, sessions: list[Session], turns: int, sampling:
     return {"wall": time.perf_counter() - start, "output": output, "prompt": prompt, "requests": len(sessions) * turns}
 
 
+def compare(engine, sessions: list[Session], turns: int, max_tokens: int) -> dict:
+    """Both modes on one engine (replies forced to ``max_tokens``), with a warm-up; one row of numbers.
+
+    Shared by this script and ``gpu_check.py``; the engine must have ``ignore_eos`` set.
+    """
+    sampling = SamplingSpec(max_tokens=max_tokens)
+    # Warm both shapes of call (a batch and a single conversation) before timing either.
+    engine.chat([conversation_for_turn(s, 1, {}) for s in sessions], SamplingSpec(max_tokens=2))
+    engine.chat([conversation_for_turn(sessions[0], 1, {})], SamplingSpec(max_tokens=2))
+    batched = turn_synchronous(engine, sessions, turns, sampling)
+    sequential = one_session_at_a_time(engine, sessions, turns, sampling)
+    if batched["output"] != sequential["output"]:
+        raise RuntimeError("both modes must decode the same number of tokens (is ignore_eos set?)")
+    return {
+        "sessions": len(sessions),
+        "turns": turns,
+        "max_tokens": max_tokens,
+        "requests": batched["requests"],
+        "prompt_tokens": batched["prompt"],
+        "output_tokens": batched["output"],
+        "turn_sync_s": round(batched["wall"], 3),
+        "sequential_s": round(sequential["wall"], 3),
+        "turn_sync_tok_s": round(batched["output"] / batched["wall"], 1),
+        "sequential_tok_s": round(sequential["output"] / sequential["wall"], 1),
+        "sequential_over_turn_sync_time": round(sequential["wall"] / batched["wall"], 2),
+        "per_turn": [{"turn": t, "wall_s": round(w, 3), "output_tokens": o, "prompt_tokens": p}
+                     for t, w, o, p in batched["per_turn"]],
+    }
+
+
+def print_comparison(row: dict) -> None:
+    for turn in row["per_turn"]:
+        print(f"  (a) turn {turn['turn']}: {row['sessions']} requests, {turn['prompt_tokens']} prompt tokens, "
+              f"{turn['output_tokens']} output tokens, {turn['wall_s']:.2f} s, "
+              f"{turn['output_tokens'] / turn['wall_s']:.1f} output tok/s")
+    for label, wall, rate in (("(a) turn-synchronous", row["turn_sync_s"], row["turn_sync_tok_s"]),
+                              ("(b) one session at a time", row["sequential_s"], row["sequential_tok_s"])):
+        print(f"{label:27s} wall {wall:8.2f} s  requests {row['requests']:4d}  output tokens "
+              f"{row['output_tokens']:6d}  {rate:7.1f} tok/s")
+    print(f"ratio (b)/(a) wall time: {row['sequential_over_turn_sync_time']:.2f}x  (load at end {os.getloadavg()[0]:.1f})")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2")
@@ -93,22 +139,10 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     source, sessions = pick_sessions(args.data, args.sessions, args.turns)
     engine = HFEngine(args.model, device=args.device, batch_size=args.batch_size, ignore_eos=True)
-    sampling = SamplingSpec(max_tokens=args.max_tokens)
     print(f"data {source}: {len(sessions)} sessions x {args.turns} turns x {args.max_tokens} tokens (eos ignored)")
     print(f"engine hf, model {args.model}, device {engine.input_device}, dtype {engine.dtype_name}, "
           f"batch size {args.batch_size}, torch threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.1f}")
-    engine.chat([conversation_for_turn(sessions[0], 1, {})], SamplingSpec(max_tokens=4))  # warm-up
-
-    batched = turn_synchronous(engine, sessions, args.turns, sampling)
-    for turn, wall, tokens, prompt in batched["per_turn"]:
-        print(f"  (a) turn {turn}: {len(sessions)} requests, {prompt} prompt tokens, {tokens} output tokens, "
-              f"{wall:.2f} s, {tokens / wall:.1f} output tok/s")
-    sequential = one_session_at_a_time(engine, sessions, args.turns, sampling)
-    assert batched["output"] == sequential["output"], "both modes must decode the same number of tokens"
-    for label, result in (("(a) turn-synchronous", batched), ("(b) one session at a time", sequential)):
-        print(f"{label:27s} wall {result['wall']:8.2f} s  requests {result['requests']:4d}  prompt tokens "
-              f"{result['prompt']:6d}  output tokens {result['output']:6d}  {result['output'] / result['wall']:7.1f} tok/s")
-    print(f"ratio (b)/(a) wall time: {sequential['wall'] / batched['wall']:.2f}x  (load at end {os.getloadavg()[0]:.1f})")
+    print_comparison(compare(engine, sessions, args.turns, args.max_tokens))
     engine.close()
     return 0
 

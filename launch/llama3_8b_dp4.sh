@@ -4,7 +4,12 @@
 # sysbench-gpu starts 4 worker processes, each with its own vLLM engine on its own GPU
 # (CUDA_VISIBLE_DEVICES is split among them in order), splits every turn's batch across
 # them and gathers the replies in input order. A session stays on the replica that served
-# its first turn, so its history keeps hitting that replica's prefix cache.
+# its first turn (placed by session id), so its history keeps hitting that replica's prefix
+# cache, also when old turns are truncated or the template has no system role.
+#
+# Ports: replica r scans for free ports from VLLM_PORT + 100 r (VLLM_PORT defaults to 20000),
+# so replicas that start together never race for one port. Two jobs on one node: export a
+# different VLLM_PORT for each (e.g. VLLM_PORT=30000 for the second).
 #
 # Memory: bf16 weights are ~16 GB per replica; on an 80 GB H100 with GPU_MEM=0.90 about
 # 55 GB per GPU remain for the KV cache (~128 KiB per token: 32 layers x 8 KV heads x

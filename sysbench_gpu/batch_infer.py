@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from sysbench_gpu.data import Dataset, Session, load_dataset, parse_session_ids
-from sysbench_gpu.engines.base import ChatMessage, Completion, Engine, SamplingSpec
+from sysbench_gpu.engines.base import ChatMessage, Completion, Engine, SamplingSpec, chat_sessions
 from sysbench_gpu.errors import SysbenchError, where
 from sysbench_gpu.locks import is_primary_rank, stage_lock
 from sysbench_gpu.runstore import GENERATIONS, GenerationRecord, Key, RunDir, utc_now, write_json_atomic
@@ -366,7 +366,12 @@ class TurnScheduler:
         clock = time.perf_counter()
         completions: list[Completion] = []
         if to_send:
-            completions = list(self.engine.chat([p.messages for p in to_send], self.settings.sampling))
+            # The session id keeps a session on one data-parallel replica (its prefix cache),
+            # whatever folding or truncation did to its messages.
+            completions = list(chat_sessions(
+                self.engine, [p.messages for p in to_send], self.settings.sampling,
+                [str(p.session.system_id) for p in to_send],
+            ))
             if len(completions) != len(to_send):
                 raise SysbenchError(
                     f"engine {self.settings.engine} returned {len(completions)} completions for {len(to_send)} "

@@ -12,6 +12,7 @@ import fcntl
 import importlib.util
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -21,13 +22,8 @@ from typing import Any, Iterator, Sequence
 import pytest
 
 from sysbench_gpu.engines.base import Completion, SamplingSpec
-from sysbench_gpu.engines.vllm_engine import (
-    ReplicaPool,
-    VLLMEngine,
-    assign_replicas,
-    replica_device_groups,
-    session_key,
-)
+from sysbench_gpu.engines.vllm_engine import VLLMEngine
+from sysbench_gpu.engines.vllm_replicas import ReplicaPool, assign_replicas, replica_device_groups, session_key
 from sysbench_gpu.errors import SysbenchError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -178,17 +174,20 @@ def vllm_lock() -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def vllm_env() -> dict[str, str]:
+def vllm_env(kv_cache_gib: str | None = None) -> dict[str, str]:
+    """The environment for a vLLM subprocess; ``kv_cache_gib`` pins the CPU KV cache instead of the engine's plan."""
     env = dict(os.environ)
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache; the CPU build's default is far larger
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    if kv_cache_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = kv_cache_gib
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     return env
 
 
-def run_logged(command: list[str], log_path: Path, timeout: float) -> None:
+def run_logged(command: list[str], log_path: Path, timeout: float, kv_cache_gib: str | None = None) -> None:
     with open(log_path, "w", encoding="utf-8") as log, vllm_lock():
-        result = subprocess.run(command, cwd=REPO_ROOT, env=vllm_env(), stdout=log, stderr=subprocess.STDOUT,
-                                timeout=timeout)
+        result = subprocess.run(command, cwd=REPO_ROOT, env=vllm_env(kv_cache_gib), stdout=log,
+                                stderr=subprocess.STDOUT, timeout=timeout)
     if result.returncode != 0:
         tail = log_path.read_text(encoding="utf-8", errors="replace")[-4000:]
         pytest.fail(f"{' '.join(command)} exited {result.returncode}:\n{tail}")
@@ -207,6 +206,12 @@ def test_vllm_smoke_on_cpu(tmp_path: Path, smollm2_path: str) -> None:
     assert report["context_length"] == 2048 and report["supports_system_role"] and report["is_primary"]
     described = report["describe"]
     assert described["enable_prefix_caching"] is True and described["vllm_version"]
+    # Memory sized from what the node has free, and why, in the manifest's engine record.
+    memory = described["memory"]
+    assert memory["device"] == "cpu" and memory["source"] == "auto" and memory["kv_cache_memory_bytes"] > 0
+    assert memory["kv_cache_gib"] < memory["node_available_gib"] and "available on" in memory["why"]
+    assert described["batch_invariant"] is False and "VLLM_BATCH_INVARIANT" in described
+    assert report["startup_log_has_vllm_output"]  # vLLM's chatter went to the log, not the terminal
     assert described["defaults"]["max_tokens"] == report["defaults"]["expected_default_max_tokens"]
 
     batch = report["batch"]
@@ -254,7 +259,7 @@ def test_generate_end_to_end_under_torchrun(tmp_path: Path, sessions_file: Path,
         "--out", str(out), "--sessions", "289,461", "--max-tokens", "8", "--no-progress", "--max-model-len", "4096",
         "--enforce-eager", "--distributed-executor-backend", "external_launcher",
     ]
-    run_logged(command, tmp_path / "generate.log", timeout=600)
+    run_logged(command, tmp_path / "generate.log", timeout=600, kv_cache_gib="1")
 
     from sysbench_gpu.runstore import RunDir
 
@@ -274,3 +279,32 @@ def test_generate_end_to_end_under_torchrun(tmp_path: Path, sessions_file: Path,
     stats = json.loads(run.stats_path.read_text(encoding="utf-8"))
     assert stats["totals"]["requests"] == 10 and stats["totals"]["output_tokens"] <= 80
     assert stats["totals"]["cached_prompt_tokens"] > 0
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")
+def test_a_vllm_start_failure_is_one_line_naming_cause_and_fix(tmp_path: Path, smollm2_path: str) -> None:
+    """0.99 of the node's memory never fits: vLLM's engine core fails; the terminal gets one line.
+
+    Before, this printed about 200 lines of two tracebacks (the worker's and the front end's).
+    """
+    command = [
+        sys.executable, "-m", "sysbench_gpu", "generate", "--data", "demo", "--engine", "vllm", "--model", "smollm2",
+        "--out", str(tmp_path / "run"), "--limit", "1", "--no-progress", "--enforce-eager",
+        "--gpu-memory-utilization", "0.99",
+    ]
+    with vllm_lock():
+        result = subprocess.run(command, cwd=REPO_ROOT, env=vllm_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1, lines
+    error = errors[0]
+    assert re.match(r"error: vllm engine for '[^']*SmolLM2-135M-Instruct' failed to start: "
+                    r"ValueError: Available memory on node \d", error), error
+    assert "to change:" in error and "VLLM_CPU_KVCACHE_SPACE" in error
+    log_path = Path(error.rsplit("(full output: ", 1)[1].rstrip(")"))
+    assert "Traceback" in log_path.read_text(encoding="utf-8")  # the traceback is kept, in the log
+    # Nothing else but our own log lines reaches the terminal: no traceback, no vLLM chatter.
+    assert all(line == error or " INFO sysbench_gpu." in line for line in lines), lines

@@ -2,8 +2,8 @@
 
 vLLM spawns worker processes, so it needs the ``__main__`` guard and a process of its
 own. Usage: ``python tests/vllm_smoke.py OUT.json``. Every observation goes into
-OUT.json; the test asserts on it. Keep the KV cache small on CPU:
-``VLLM_CPU_KVCACHE_SPACE=1``.
+OUT.json; the test asserts on it. Memory is left to the engine's own plan (sized from
+what the NUMA node has free), so the smoke run also checks that plan.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ def conversation(question: str, system: str | None = SYSTEM) -> list[dict[str, s
 
 
 def main(out_path: str) -> None:
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from sysbench_gpu.engines import get_engine
     from sysbench_gpu.engines.base import SamplingSpec
     from sysbench_gpu.engines.vllm_engine import DEFAULT_MAX_TOKENS
@@ -46,7 +45,7 @@ def main(out_path: str) -> None:
     report: dict[str, Any] = {}
     started = time.perf_counter()
     engine = get_engine(
-        "vllm", model="smollm2", max_model_len=2048, gpu_memory_utilization=0.3, seed=0, enforce_eager=True
+        "vllm", model="smollm2", max_model_len=2048, seed=0, enforce_eager=True
     )
     report["load_s"] = time.perf_counter() - started
     try:
@@ -54,6 +53,10 @@ def main(out_path: str) -> None:
         report["context_length"] = engine.context_length()
         report["supports_system_role"] = engine.supports_system_role()
         report["is_primary"] = engine.is_primary
+        startup_log = report["describe"].get("startup_log")
+        report["startup_log_has_vllm_output"] = bool(
+            startup_log and os.path.isfile(startup_log) and "EngineCore" in open(startup_log, encoding="utf-8").read()
+        )
 
         # 1. A small batch, in order, with token counts; the prompt count matches the engine's own.
         batch = [conversation("Where is the tile museum?"), conversation("What is 2 + 2?", system=None),
@@ -88,7 +91,8 @@ def main(out_path: str) -> None:
         )[0]
         report["json"] = {"text": judged.text, "finish_reason": judged.finish_reason}
 
-        # 4. A per-request seed reproduces a sampled reply regardless of batch company.
+        # 4. A per-request seed and batch company: on this CPU build the reply did not change;
+        #    vLLM guarantees that only with VLLM_BATCH_INVARIANT=1 (GPUs), see docs/engines.md.
         seeded = SamplingSpec(max_tokens=8, temperature=1.0, seed=1234)
         alone = engine.chat([batch[2]], seeded)[0].text
         in_company = engine.chat([batch[0], batch[2]], seeded)[1].text

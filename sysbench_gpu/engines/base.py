@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence, TypedDict
 
@@ -51,7 +52,12 @@ class Engine(Protocol):
     is_primary: bool
 
     def chat(self, conversations: Sequence[Sequence[ChatMessage]], sampling: SamplingSpec) -> list[Completion]:
-        """Complete every conversation; the result is in input order, one per conversation."""
+        """Complete every conversation; the result is in input order, one per conversation.
+
+        An engine that places conversations (data-parallel replicas with prefix caches)
+        also takes ``session_keys``: one stable key per conversation, the same for every
+        turn of a session. See ``chat_sessions``.
+        """
         ...
 
     def count_prompt_tokens(self, conversation: Sequence[ChatMessage]) -> int | None:
@@ -72,3 +78,30 @@ class Engine(Protocol):
 
     def close(self) -> None:
         ...
+
+
+def chat_sessions(
+    engine: Any,
+    conversations: Sequence[Sequence[ChatMessage]],
+    sampling: SamplingSpec,
+    session_keys: Sequence[str],
+) -> list[Completion]:
+    """``engine.chat`` with each conversation's session key, for engines whose ``chat`` takes ``session_keys``.
+
+    The key (the session id) keeps every turn of a session on one replica even when the
+    messages themselves change shape (the system message folded into turn 1, oldest turns
+    dropped to fit the context). Engines that place nothing do not declare the argument
+    and are called as before.
+    """
+    if len(session_keys) != len(conversations):
+        raise ValueError(f"{len(session_keys)} session keys for {len(conversations)} conversations")
+    if _takes_session_keys(engine.chat):
+        return engine.chat(conversations, sampling, session_keys=list(session_keys))
+    return engine.chat(conversations, sampling)
+
+
+def _takes_session_keys(method: Any) -> bool:
+    try:
+        return "session_keys" in inspect.signature(method).parameters
+    except (TypeError, ValueError):  # builtins and mocks without a signature
+        return False

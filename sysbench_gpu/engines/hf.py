@@ -17,6 +17,7 @@ import logging
 from typing import Any, Sequence
 
 from sysbench_gpu.engines.base import ChatMessage, Completion, SamplingSpec
+from sysbench_gpu.engines.startup import startup_failure
 from sysbench_gpu.errors import SysbenchError
 
 log = logging.getLogger(__name__)
@@ -51,40 +52,71 @@ class HFEngine:
 
         if batch_size < 1:
             raise SysbenchError(f"hf engine: batch_size must be at least 1, got {batch_size}")
+        path = resolve_model(model)
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        # With a device map the weights land on the GPUs when there are any.
+        placement = device if device_map is None else ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype_name = _resolve_dtype_name(dtype, placement)
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except Exception as error:  # noqa: BLE001 (any load failure becomes one line)
+            raise startup_failure(f"hf engine could not load the tokenizer of {model!r}", error) from None
+        load_options: dict[str, Any] = {"dtype": getattr(torch, dtype_name)}
+        if device_map is not None:
+            # accelerate spreads the layers over every visible GPU (and CPU when needed).
+            load_options["device_map"] = device_map
+        try:
+            hf_model = AutoModelForCausalLM.from_pretrained(path, **load_options)
+            if device_map is None:
+                hf_model.to(device)
+        except Exception as error:  # noqa: BLE001 (any load failure becomes one line)
+            raise startup_failure(f"hf engine could not load model {model!r}", error) from None
+        self._adopt(model, path, hf_model, tokenizer, device=device, dtype_name=dtype_name, batch_size=batch_size,
+                    device_map=device_map, seed=seed, ignore_eos=ignore_eos, default_max_tokens=default_max_tokens)
+
+    @classmethod
+    def from_model(
+        cls,
+        hf_model: Any,
+        tokenizer: Any,
+        name: str,
+        batch_size: int = 32,
+        seed: int | None = None,
+        *,
+        ignore_eos: bool = False,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    ) -> "HFEngine":
+        """An engine around a model already in memory (benchmarks build random-weight models on the device)."""
+        if batch_size < 1:
+            raise SysbenchError(f"hf engine: batch_size must be at least 1, got {batch_size}")
+        engine = cls.__new__(cls)
+        device = str(next(hf_model.parameters()).device)
+        dtype_name = str(next(hf_model.parameters()).dtype).replace("torch.", "")
+        engine._adopt(name, name, hf_model, tokenizer, device=device, dtype_name=dtype_name, batch_size=batch_size,
+                      device_map=None, seed=seed, ignore_eos=ignore_eos, default_max_tokens=default_max_tokens)
+        return engine
+
+    def _adopt(self, model: str, path: str, hf_model: Any, tokenizer: Any, *, device: str, dtype_name: str,
+               batch_size: int, device_map: str | None, seed: int | None, ignore_eos: bool,
+               default_max_tokens: int) -> None:
         self.model = model
-        self.path = resolve_model(model)
+        self.path = path
         self.batch_size = batch_size
         self.device_map = device_map
         self.seed = seed
         # ignore_eos forces every reply to run to max_tokens (benchmarks that need equal work).
         self.ignore_eos = ignore_eos
         self.default_max_tokens = default_max_tokens
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = device
-        # With a device map the weights land on the GPUs when there are any.
-        placement = device if device_map is None else ("cuda" if torch.cuda.is_available() else "cpu")
-        self.dtype_name = _resolve_dtype_name(dtype, placement)
-        torch_dtype = getattr(torch, self.dtype_name)
-
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.path)
-        except (OSError, ValueError) as error:
-            raise SysbenchError(f"hf engine: cannot load the tokenizer of {model!r} ({self.path}): {error}") from None
+        self.dtype_name = dtype_name
+        self.tokenizer = tokenizer
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             # Many chat models ship without a pad token; eos is masked out anyway.
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        load_options: dict[str, Any] = {"dtype": torch_dtype}
-        if device_map is not None:
-            # accelerate spreads the layers over every visible GPU (and CPU when needed).
-            load_options["device_map"] = device_map
-        try:
-            self.hf_model = AutoModelForCausalLM.from_pretrained(self.path, **load_options)
-        except (OSError, ValueError) as error:
-            raise SysbenchError(f"hf engine: cannot load model {model!r} ({self.path}): {error}") from None
-        if device_map is None:
-            self.hf_model.to(device)
+        self.hf_model = hf_model
         self.hf_model.eval()
         self.input_device = str(self.hf_model.device)
         self.eos_ids = _eos_ids(self.hf_model.generation_config, self.tokenizer)

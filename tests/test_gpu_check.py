@@ -1,0 +1,92 @@
+"""kernels_bench/gpu_check.py runs on the CPU (``--device cpu --quick``), so the GPU check cannot rot."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BENCH_DIR = REPO_ROOT / "kernels_bench"
+STANDIN = "gpu_check_standin:measure"
+
+
+def _gpu_check():
+    sys.path.insert(0, str(BENCH_DIR))
+    try:
+        return importlib.import_module("gpu_check")
+    finally:
+        sys.path.remove(str(BENCH_DIR))
+
+
+def attention_measure_option() -> list[str]:
+    """The real ``bench_attention_capture.measure`` once it has the contract, else the test's stand-in."""
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(BENCH_DIR))
+    try:
+        bench = importlib.import_module("bench_attention_capture")
+    finally:
+        sys.path.remove(str(BENCH_DIR))
+    parameters = inspect.signature(getattr(bench, "measure", lambda: None)).parameters
+    if all(name in parameters for name in _gpu_check().MEASURE_CONTRACT):
+        return []
+    return ["--attention-measure", STANDIN]
+
+
+def test_configs_are_the_published_shapes_and_scaled_ones_keep_the_architecture() -> None:
+    gpu_check = _gpu_check()
+    qwen, llama = gpu_check.published_config("qwen2-7b"), gpu_check.published_config("llama-3.1-8b")
+    assert (qwen["num_hidden_layers"], qwen["hidden_size"], qwen["num_attention_heads"], qwen["num_key_value_heads"],
+            qwen["intermediate_size"], qwen["vocab_size"], qwen["rope_theta"]) == (28, 3584, 28, 4, 18944, 152064, 1e6)
+    assert (llama["num_hidden_layers"], llama["hidden_size"], llama["num_attention_heads"],
+            llama["num_key_value_heads"], llama["intermediate_size"], llama["vocab_size"], llama["rope_theta"]) == (
+        32, 4096, 32, 8, 14336, 128256, 500000.0)
+    assert llama["rope_scaling"]["rope_type"] == "llama3"
+    for name in gpu_check.MODELS:
+        full, scaled = gpu_check.published_config(name), gpu_check.model_config(name, scaled=True)
+        assert scaled["model_type"] == full["model_type"] and scaled["rope_theta"] == full["rope_theta"]
+        groups = full["num_attention_heads"] // full["num_key_value_heads"]
+        assert scaled["num_attention_heads"] // scaled["num_key_value_heads"] == groups  # same GQA grouping
+        assert scaled["num_hidden_layers"] == 2 and scaled["hidden_size"] < 512
+        assert gpu_check.model_config(name, scaled=False) == full
+
+
+@pytest.mark.slow
+def test_gpu_check_quick_on_cpu_writes_attention_and_generation_rows(tmp_path: Path) -> None:
+    out = tmp_path / "gpu_check.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), str(REPO_ROOT / "tests"), env.get("PYTHONPATH")]))
+    command = [sys.executable, str(BENCH_DIR / "gpu_check.py"), "--device", "cpu", "--quick", "--json", str(out),
+               *attention_measure_option()]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert report["device"] == "cpu" and report["torch"] and report["scaled_shapes"] is True
+    assert report["gpu_tests"]["status"] == "skipped"
+    assert set(report["configs"]) == {"qwen2-7b", "llama-3.1-8b"}
+    attention = report["attention"]
+    assert {row["model"] for row in attention} == {"qwen2-7b", "llama-3.1-8b"}
+    assert {row["tokens"] for row in attention} == {512, 1024}
+    for row in attention:
+        assert row["plain_s"] > 0 and row["capture_s"] > 0 and row["eager_s"] > 0
+        assert row["max_abs_diff_vs_eager"] < 1e-4  # fp32 capture agrees with eager attention
+    generation = report["generation"]
+    assert {row["model"] for row in generation} == {"qwen2-7b", "llama-3.1-8b"}
+    for row in generation:
+        assert row["output_tokens"] == row["sessions"] * row["turns"] * row["max_tokens"]
+        assert row["turn_sync_s"] > 0 and row["sequential_s"] > 0 and row["sequential_over_turn_sync_time"] > 0
+    assert "attention capture" in result.stdout and "hf generation" in result.stdout
+
+
+def test_a_measure_without_the_contract_is_refused_clearly() -> None:
+    gpu_check = _gpu_check()
+    with pytest.raises(SystemExit, match="has no parameter.*model, lengths, layers, device"):
+        gpu_check.load_measure("json:dumps")
+    with pytest.raises(SystemExit, match="cannot import no_such_module:measure"):
+        gpu_check.load_measure("no_such_module:measure")
