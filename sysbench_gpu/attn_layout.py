@@ -153,8 +153,10 @@ def load_model(name: str, dtype: str, plan: LoadPlan) -> tuple[Any, Any, str]:
             check_tensor_parallel_heads(AutoConfig.from_pretrained(path), plan.tensor_parallel_size, name)
             kwargs.update(_tensor_parallel_kwargs(plan.tensor_parallel_size))
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except (OSError, ValueError) as error:
-        raise SysbenchError(f"could not load model {name!r} from {path}: {error}") from None
+    except Exception as error:  # noqa: BLE001 (any load failure is one line; the traceback goes to --verbose)
+        from sysbench_gpu.engines.startup import startup_failure
+
+        raise startup_failure(f"attention could not load model {name!r} from {path}", error) from None
     model.eval()
     if not getattr(tokenizer, "chat_template", None):
         raise SysbenchError(f"{path}: the tokenizer has no chat template")

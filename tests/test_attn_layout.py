@@ -126,3 +126,21 @@ def test_data_parallel_rank_loads_onto_its_own_gpu_only(smollm2_path):
     assert {str(p.device) for p in model.parameters()} == {f"cuda:{last}"}
     if last > 0:
         assert torch.cuda.memory_allocated(0) == 0
+
+
+def test_any_model_load_failure_is_one_line(monkeypatch, smollm2_path):
+    """A failure inside from_pretrained (not caught by the model-folder checks) is one SysbenchError line."""
+    from transformers import AutoModelForCausalLM
+
+    from sysbench_gpu import attn_layout
+    from sysbench_gpu.errors import SysbenchError
+
+    def broken(path, **kwargs):
+        raise RuntimeError("size mismatch for model.layers.0.self_attn.q_proj.weight\nsecond line of detail")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", broken)
+    with pytest.raises(SysbenchError) as caught:
+        attn_layout.load_model("smollm2", "float32", plan_load("cpu", None, False, SOLO, cuda_available=False))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("attention could not load model 'smollm2'") and "size mismatch" in message
