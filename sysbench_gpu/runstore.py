@@ -436,9 +436,20 @@ class RunDir:
         return self.path / SESSIONS
 
     def write_sessions(self, sessions: Iterable[Session], dataset: Dataset | None = None) -> None:
-        """Snapshot the sessions in upstream's schema; record the source dataset in the manifest."""
+        """Snapshot the sessions; record the source dataset in the manifest.
+
+        SysBench sessions are written in upstream's schema (a JSON array); MT-Eval dialogues as
+        JSON Lines in MT-Eval's schema plus their ids, system message and task
+        (``mteval.data.dialogue_to_json``). ``load_sessions`` tells the two apart by content.
+        """
         sessions = list(sessions)
-        write_json_atomic(self.sessions_path, [session_to_upstream(s) for s in sessions])
+        if any(s.benchmark == "mteval" for s in sessions):
+            from sysbench_gpu.mteval.data import dialogue_to_json
+
+            lines = [json.dumps(dialogue_to_json(s), ensure_ascii=False) + "\n" for s in sessions]
+            write_bytes_atomic(self.sessions_path, "".join(lines).encode("utf-8"))
+        else:
+            write_json_atomic(self.sessions_path, [session_to_upstream(s) for s in sessions])
         if dataset is not None:
             self.update_manifest(
                 dataset={

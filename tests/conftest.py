@@ -11,6 +11,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_DIR = Path(os.environ.get("SYSBENCH_SHARED", REPO_ROOT.parent / "shared" / "sysbench"))
 SESSIONS_FILE = SHARED_DIR / "sessions.json"
 UPSTREAM_DIR = SHARED_DIR / "upstream-results"
+MTEVAL_DATA_DIR = Path(os.environ.get("MTEVAL_SHARED", REPO_ROOT.parent / "shared" / "mteval")) / "data"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -32,6 +33,14 @@ def shared_dir() -> Path:
     if not SESSIONS_FILE.is_file():
         pytest.skip(f"shared SysBench data not found at {SHARED_DIR} (set SYSBENCH_SHARED)")
     return SHARED_DIR
+
+
+@pytest.fixture(scope="session")
+def mteval_data_dir() -> Path:
+    """``../shared/mteval/data`` (or ``$MTEVAL_SHARED/data``): MT-Eval's task files."""
+    if not MTEVAL_DATA_DIR.is_dir():
+        pytest.skip(f"shared MT-Eval data not found at {MTEVAL_DATA_DIR} (set MTEVAL_SHARED)")
+    return MTEVAL_DATA_DIR
 
 
 @pytest.fixture(scope="session")

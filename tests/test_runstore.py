@@ -120,6 +120,19 @@ def test_sessions_snapshot_round_trip(tmp_path: Path, dataset) -> None:
         dataset.select([9999])
 
 
+@pytest.mark.parametrize("name", ["follow-up_multi.jsonl", "recollection_multi_global-inst.jsonl", "refinement_single.jsonl"])
+def test_mteval_snapshot_round_trip_keeps_ids_and_task(tmp_path: Path, mteval_data_dir: Path, name: str) -> None:
+    from sysbench_gpu.data import load_dataset
+
+    source = load_dataset(mteval_data_dir / name)
+    chosen = list(source.sessions)[3:6]  # a subset: ids 4-6, not 1-3, and a file name that names no task
+    run = RunDir(tmp_path)
+    run.write_sessions(chosen, source)
+    assert run.load_sessions() == chosen
+    assert [s.system_id for s in run.load_sessions()] == [4, 5, 6]
+    assert run.sessions_path.read_text(encoding="utf-8").count("\n") == 3  # JSON Lines
+
+
 def test_keys_are_checked_against_the_file_under_the_lock(tmp_path: Path) -> None:
     # Two writers that each read the file before the other wrote: the second is refused by the file itself.
     first, second = RunDir(tmp_path), RunDir(tmp_path)
