@@ -15,12 +15,11 @@ from sysbench_gpu.batch_infer import (
     GenerateSettings,
     conversation_for_turn,
     drop_oldest_turns,
-    engine_options_from_args,
     fold_system_message,
     missing_references,
-    register,
     run_generation,
 )
+from sysbench_gpu.generate_cli import engine_options_from_args, register
 from sysbench_gpu.data import demo_data_path, load_dataset, parse_session_ids, resolve_data_path
 from sysbench_gpu.engines.base import Completion, SamplingSpec
 from sysbench_gpu.errors import SysbenchError
