@@ -53,7 +53,7 @@ def _generate(data, sessions, run_path: Path, **settings) -> RunDir:
     return run
 
 
-def _attention(run: RunDir, out: Path, *extra: str) -> np.lib.npyio.NpzFile:
+def _attention(run: RunDir, out: Path, *extra: str) -> dict[str, np.ndarray]:
     assert main(["attention", str(run.path), "--model", "smollm2", "--out", str(out), "--layers", "mid", "--limit", "1",
                  "--no-figures", "--bootstrap", "10", *extra]) == 0
     return dict(np.load(next((out / "sessions").glob("*.system.npz"))))
