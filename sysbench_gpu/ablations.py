@@ -12,24 +12,30 @@
 
 Both work with the ``model`` and ``reference`` history of the rest of the conversation.
 A run directory records its ablation in the manifest and refuses another one
-(``check_ablation_compatible``).
+(``check_ablation_compatible``); the exchanges each session got are written to
+``distractors.json`` so that later stages (attention) rebuild the same conversations
+without the original data file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from sysbench_gpu.data import Session
 from sysbench_gpu.engines.base import ChatMessage
 from sysbench_gpu.errors import SysbenchError
+from sysbench_gpu.messages import conversation_for_turn
 
 SINGLE_TURN = "single-turn"
 DEFAULT_DISTRACTOR_SEED = 0
 # Manifest fields of the generate stage that one run directory must keep.
 ABLATION_FIELDS = ("history", "distractor_turns", "distractor_seed")
+# The exchanges every session of a distractor run got (run directory file).
+DISTRACTORS_FILE = "distractors.json"
 
 
 @dataclass(frozen=True)
@@ -108,14 +114,12 @@ def ablation_conversation(
     """The conversation for one turn under the ablations.
 
     ``history`` holds the assistant message after each earlier turn (the model's replies or
-    the references), as ``batch_infer.conversation_for_turn`` takes it; unused when
+    the references), as ``messages.conversation_for_turn`` takes it; unused when
     ``single_turn``.
     """
     if single_turn:
         base = single_turn_conversation(session, turn)
     else:
-        from sysbench_gpu.batch_infer import conversation_for_turn
-
         base = conversation_for_turn(session, turn, history or {})
     return insert_distractors(base, distractors)
 
@@ -146,3 +150,52 @@ def check_ablation_compatible(stored: Mapping[str, Any], wanted: Mapping[str, An
                 f"{source}: field {name!r} was {old!r} in this run, this command asks for {new!r}; "
                 "one run directory holds one ablation: use a new --out"
             )
+
+
+# ------------------------------------------------------------------ distractors.json
+
+
+def write_distractors(path: Path, chosen: Mapping[int, Sequence[Exchange]], count: int, seed: int) -> None:
+    """``distractors.json``: per session id, the exchanges in the order they go into the conversation."""
+    from sysbench_gpu.runstore import write_json_atomic
+
+    write_json_atomic(
+        Path(path),
+        {
+            "distractor_turns": count,
+            "distractor_seed": seed,
+            "sessions": {str(sid): [asdict(e) for e in exchanges] for sid, exchanges in sorted(chosen.items())},
+        },
+    )
+
+
+def read_distractors(path: Path) -> tuple[int, dict[int, tuple[Exchange, ...]]]:
+    """(distractor turns, exchanges per session id) from ``distractors.json``; one-line errors name the field."""
+    from sysbench_gpu.jsonio import read_json
+
+    path = Path(path)
+    if not path.is_file():
+        raise SysbenchError(f"{path}: missing; the run's manifest says it has distractor turns (rerun generate)")
+    raw = read_json(path, expect=dict)
+    count = raw.get("distractor_turns")
+    sessions = raw.get("sessions")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise SysbenchError(f"{path}: field 'distractor_turns' should be a positive integer, found {count!r}")
+    if not isinstance(sessions, dict):
+        raise SysbenchError(f"{path}: field 'sessions' should be an object")
+    chosen: dict[int, tuple[Exchange, ...]] = {}
+    for key, items in sessions.items():
+        if not key.isdigit() or not isinstance(items, list) or len(items) != count:
+            raise SysbenchError(f"{path}: field 'sessions.{key}' should be a list of {count} exchanges")
+        exchanges = []
+        for position, item in enumerate(items):
+            fields = {"system_id": int, "turn": int, "user": str, "reply": str}
+            if not isinstance(item, dict) or set(item) != set(fields) or any(
+                isinstance(item[name], bool) or not isinstance(item[name], kind) for name, kind in fields.items()
+            ):
+                raise SysbenchError(
+                    f"{path}: field 'sessions.{key}[{position}]' should be an object with system_id, turn, user, reply"
+                )
+            exchanges.append(Exchange(**item))
+        chosen[int(key)] = tuple(exchanges)
+    return count, chosen

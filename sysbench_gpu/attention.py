@@ -2,7 +2,9 @@
 
 For each session one teacher-forced forward runs over the whole final conversation
 (system + user turns + replies from the run's ``generations.jsonl`` or the reference
-replies); ``attn_hooks.AttentionShareCapture`` measures at the selected layers the
+replies), built as generation built it (``attn_conversation``: distractor exchanges in
+front, MT-Eval context turns with their given replies, one forward per turn for
+single-turn runs); ``attn_hooks.AttentionShareCapture`` measures at the selected layers the
 share of attention that every token gives to the system text and to the template's
 leading tokens. With ``--control`` the same conversation is also run with the system
 text sent as user (joined to the first user message).
@@ -49,6 +51,7 @@ from sysbench_gpu.attn_store import (
     shard_path,
     skip_path,
 )
+from sysbench_gpu.attn_conversation import RunConversations, concat_forwards, conversation_turns  # noqa: F401
 from sysbench_gpu.data import parse_session_ids, select_sessions
 from sysbench_gpu.errors import SysbenchError
 from sysbench_gpu.locks import stage_lock
@@ -109,26 +112,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plot.set_defaults(func=cmd_attention_plot)
 
 
-# ----------------------------------------------------------------- conversations
-
-
-def conversation_turns(session: Any, replies: str, generations: dict[tuple[int, int], Any]) -> tuple[list[Any], str | None]:
-    """Leading turns that have a reply, and why the conversation stops early (None if complete)."""
-    from sysbench_gpu.attn_segments import TurnText
-
-    turns: list[TurnText] = []
-    for turn in session.turns:
-        if replies == "generations":
-            record = generations.get((session.system_id, turn.index))
-            reply = None if record is None else record.response
-            missing = "no generation" if record is None else f"generation status {record.status!r}"
-        else:
-            reply = turn.reference
-            missing = "no reference reply"
-        if reply is None:
-            return turns, f"turn {turn.index}: {missing}"
-        turns.append(TurnText(index=turn.index, user=turn.user, reply=reply))
-    return turns, None
+# ----------------------------------------------------------------- stored arrays
 
 
 def session_arrays(layout: Any, results: dict[int, Any], layers: Sequence[int], meta: dict[str, Any], store_dtype: str) -> dict[str, np.ndarray]:
@@ -145,6 +129,7 @@ def session_arrays(layout: Any, results: dict[int, Any], layers: Sequence[int], 
         "replies": np.asarray(layout.replies, dtype=np.int64).reshape(-1, 2),
         "turns": np.asarray(layout.turns, dtype=np.int64).reshape(-1, 2),
         "turn_numbers": np.asarray(layout.turn_numbers, dtype=np.int64),
+        "distractors": np.asarray(layout.distractors, dtype=np.int64).reshape(-1, 2),
         "meta": np.asarray(json.dumps(meta, ensure_ascii=False)),
     }
     if results[layers[0]].per_head is not None:
@@ -168,6 +153,7 @@ def cmd_attention(args: argparse.Namespace) -> int:
     if replies == "generations" and not generations:
         raise SysbenchError(f"{run.generations.path}: no generations (use --replies reference)")
     conditions = ("system", "control") if args.control else ("system",)
+    conversations = RunConversations.from_run(run)
     out = Path(args.out)
     dist = Distributed.from_env()
     plan = plan_load(args.device, args.device_map, args.tensor_parallel, dist, _cuda_available())
@@ -177,12 +163,15 @@ def cmd_attention(args: argparse.Namespace) -> int:
         "layers_spec": args.layers,
         "replies": replies,
         "store_dtype": args.store_dtype,
+        # How the run built its conversations (generate's manifest): what every forward holds.
+        "conversation": {"history": conversations.history, "distractor_turns": conversations.distractor_turns},
     }
     # One writer per output directory: each process that writes holds its lock for the whole stage.
     # Data-parallel ranks each write their own files (one lock per rank); under tensor parallel only rank 0 writes.
     writes = plan.splits_sessions or dist.rank == 0
     with stage_lock(out, STAGE if dist.world == 1 else f"{STAGE}.{dist.tag}", enabled=writes):
-        return _measure_and_finish(args, run, sessions, generations, replies, conditions, out, dist, plan, settings)
+        return _measure_and_finish(args, run, sessions, generations, replies, conditions, out, dist, plan, settings,
+                                   conversations)
 
 
 def _measure_and_finish(
@@ -196,6 +185,7 @@ def _measure_and_finish(
     dist: Distributed,
     plan: LoadPlan,
     settings: dict[str, Any],
+    conversations: RunConversations,
 ) -> int:
     check_settings(out, settings, write=dist.rank == 0)
     # Data parallel: each rank its own sessions. Tensor parallel: every rank runs every session (each holds some heads).
@@ -209,7 +199,7 @@ def _measure_and_finish(
     ]
     log.info("%s: %d of %d session runs to do (%d already done)", dist.tag, len(todo), len(runs), len(runs) - len(todo))
     if todo:
-        measure_sessions(args, runs, todo, generations, replies, out, dist, plan, settings)
+        measure_sessions(args, runs, todo, generations, replies, out, dist, plan, settings, conversations)
     if plan.splits_sessions:
         mark_done(out, dist)
     if dist.rank != 0:
@@ -236,6 +226,7 @@ def measure_sessions(
     dist: Distributed,
     plan: LoadPlan,
     settings: dict[str, Any],
+    conversations: RunConversations | None = None,
 ) -> None:
     """Measure ``runs[i]`` for every i in ``todo``; write its arrays, shard rows or skip note (rank 0 only under TP)."""
     import torch
@@ -247,6 +238,7 @@ def measure_sessions(
     from sysbench_gpu.attn_segments import fit_layout
     from sysbench_gpu.runstore import write_json_atomic
 
+    conversations = conversations or RunConversations()
     model, tokenizer, path = load_model(args.model, args.dtype, plan)
     tensor_parallel = plan.layout == "tensor-parallel"
     device = input_device(model)
@@ -268,41 +260,51 @@ def measure_sessions(
     progress = tqdm([runs[index] for index in todo], desc=f"attention {dist.tag}", unit="session", file=sys.stderr, disable=None if writes else True)
     with AttentionShareCapture(model, layers=layers, chunk_tokens=args.chunk_tokens, budget_bytes=budget, per_head=args.per_head) as capture:
         for session, condition in progress:
-            turns, stop_reason = conversation_turns(session, replies, generations)
-            layout = fit_layout(tokenizer, session.system_prompt, turns, condition, max_tokens) if turns else None
-            if layout is None:
+            forwards, stop_reason = conversations.forwards(session, replies, generations)
+            # One forward per conversation (several for single-turn runs); a forward that cannot fit is left out.
+            layouts = [fit_layout(tokenizer, f.system_prompt, f.turns, condition, max_tokens, f.prefix) for f in forwards]
+            fitted = [layout for layout in layouts if layout is not None]
+            if not fitted:
                 reason = stop_reason or "no turn"
-                if turns:
-                    reason = f"even turn 1 exceeds {max_tokens} tokens"
+                if forwards:
+                    reason = f"even turn {forwards[0].turns[0].index} exceeds {max_tokens} tokens"
                 if writes:
                     write_json_atomic(skip_path(out, session.system_id, condition), {"system_id": session.system_id, "condition": condition, "reason": reason})
                     log.warning("session %d (%s) skipped: %s", session.system_id, condition, reason)
                 continue
-            capture.prepare([layout.lead, layout.system])
             started = time.perf_counter()
-            ids = torch.tensor([layout.token_ids], device=device)
-            results = capture.forward(ids)
-            if tensor_parallel:
-                results = gather_head_shares(results, heads_of(model), dist.world, device)
+            measured = []
+            for layout in fitted:
+                capture.prepare([layout.lead, layout.system])
+                ids = torch.tensor([layout.token_ids], device=device)
+                results = capture.forward(ids)
+                if tensor_parallel:
+                    results = gather_head_shares(results, heads_of(model), dist.world, device)
+                measured.append((layout, results))
             seconds = time.perf_counter() - started
             if not writes:
                 continue
+            n_turns = sum(len(f.turns) for f in forwards)
+            n_tokens = sum(layout.n_tokens for layout in fitted)
             meta = {
                 "system_id": session.system_id,
                 "condition": condition,
                 "model": args.model,
                 "replies": replies,
-                "n_tokens": layout.n_tokens,
-                "turns_measured": list(layout.turn_numbers),
+                "n_tokens": n_tokens,
+                "turns_measured": [n for layout in fitted for n in layout.turn_numbers],
                 "stopped": stop_reason,
-                "turns_dropped_for_length": len(turns) - len(layout.turns),
+                "turns_dropped_for_length": n_turns - sum(len(layout.turns) for layout in fitted),
+                "n_forwards": len(fitted),
+                "history": conversations.history,
+                "distractor_turns": conversations.distractor_turns,
                 "layer_labels_by_index": by_index,
                 "seconds": round(seconds, 3),
             }
-            arrays = session_arrays(layout, results, layers, meta, args.store_dtype)
+            arrays = concat_forwards([session_arrays(layout, results, layers, meta, args.store_dtype) for layout, results in measured])
             save_npz_atomic(session_path(out, session.system_id, condition), arrays)
             append_lines(shard, [turn_row_json(row) for row in turn_shares(arrays)])
-            progress.set_postfix(tokens=layout.n_tokens, s=f"{seconds:.1f}")
+            progress.set_postfix(tokens=n_tokens, s=f"{seconds:.1f}")
         paths = getattr(capture, "paths", None)
     if dist.rank == 0 and paths:
         manifest["capture_paths"] = {str(layer): str(name) for layer, name in sorted(paths.items())}

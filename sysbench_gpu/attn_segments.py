@@ -13,6 +13,11 @@ Two conditions:
   message (``system text + CONTROL_JOINER + user 1``); the span measured is the
   same text.
 
+Distractor exchanges (``generate --distractor-turns``) come as ``prefix``: user/reply
+pairs between the system message and user turn 1, located like turns but belonging to
+no turn (``ConversationLayout.distractors``); in ``control`` the system text opens the
+first distractor's user message, as generation folds it.
+
 Leading tokens (excluded from numerator and denominator in the ``excl_lead``
 variant) are the tokens before the system text in the ``system`` condition. The
 control excludes the same number of first tokens, so a default system message that
@@ -53,6 +58,7 @@ class ConversationLayout:
     turns: tuple[Span, ...]  # partition of [system end, T): turn i runs to the end of reply i
     turn_numbers: tuple[int, ...]
     lead_end: int  # the template's leading tokens are [0, lead_end)
+    distractors: tuple[Span, ...] = ()  # each distractor exchange, its user start to its reply end
 
     @property
     def lead(self) -> Span:
@@ -138,10 +144,17 @@ def layout_conversation(
     system_prompt: str,
     turns: Sequence[TurnText],
     condition: str = "system",
+    prefix: Sequence[TurnText] = (),
 ) -> ConversationLayout:
-    """Render, tokenize and find the token spans of every part of the conversation."""
+    """Render, tokenize and find the token spans of every part of the conversation.
+
+    ``prefix``: exchanges between the system message and turn 1 (distractors), in no turn.
+    """
     if not turns:
         raise SysbenchError("a conversation needs at least one turn with a reply")
+    n_prefix = len(prefix)
+    own_turns = list(turns)
+    turns = list(prefix) + own_turns
     text = render(tokenizer, build_messages(system_prompt, turns, condition))
     # The text of each message is located where the template puts it (see _locate).
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -166,12 +179,13 @@ def layout_conversation(
     reply_ends: list[int] = []
     for position, turn in enumerate(turns):
         user_index = offset + 2 * position
+        name = f"distractor {position + 1}" if position < n_prefix else f"turn {turn.index}"
         if condition == "control" and position == 0:
-            user_chars = _find(text, turn.user, cursor, f"turn {turn.index} user")
+            user_chars = _find(text, turn.user, cursor, f"{name} user")
         else:
-            user_chars = _locate(tokenizer, messages, user_index, turn.user, text, cursor, f"turn {turn.index} user")
+            user_chars = _locate(tokenizer, messages, user_index, turn.user, text, cursor, f"{name} user")
         cursor = user_chars[1]
-        reply_chars = _locate(tokenizer, messages, user_index + 1, turn.reply, text, cursor, f"turn {turn.index} reply")
+        reply_chars = _locate(tokenizer, messages, user_index + 1, turn.reply, text, cursor, f"{name} reply")
         cursor = reply_chars[1]
         users.append((token_at(user_chars[0]), token_at(user_chars[1])))
         replies.append((token_at(reply_chars[0]), token_at(reply_chars[1])))
@@ -181,18 +195,20 @@ def layout_conversation(
     if condition == "control":
         reference = layout_conversation(tokenizer, system_prompt, turns[:1], "system")
         lead_end = min(reference.lead_end, system[0])
-    bounds = [system[1]] + reply_ends
+    # Turn 1 starts after the system text, or after the last distractor exchange.
+    bounds = [reply_ends[n_prefix - 1] if n_prefix else system[1]] + reply_ends[n_prefix:]
     bounds[-1] = len(token_ids)  # the template's closing tokens belong to the last turn
-    segments = tuple((bounds[i], bounds[i + 1]) for i in range(len(turns)))
+    segments = tuple((bounds[i], bounds[i + 1]) for i in range(len(own_turns)))
     return ConversationLayout(
         condition=condition,
         token_ids=tuple(token_ids),
         system=system,
-        users=tuple(users),
-        replies=tuple(replies),
+        users=tuple(users[n_prefix:]),
+        replies=tuple(replies[n_prefix:]),
         turns=segments,
-        turn_numbers=tuple(turn.index for turn in turns),
+        turn_numbers=tuple(turn.index for turn in own_turns),
         lead_end=lead_end,
+        distractors=tuple((users[i][0], replies[i][1]) for i in range(n_prefix)),
     )
 
 
@@ -202,11 +218,15 @@ def fit_layout(
     turns: Sequence[TurnText],
     condition: str,
     max_tokens: int | None,
+    prefix: Sequence[TurnText] = (),
 ) -> ConversationLayout | None:
-    """The layout with as many leading turns as fit in ``max_tokens``; None when not even turn 1 fits."""
+    """The layout with as many leading turns as fit in ``max_tokens``; None when not even turn 1 fits.
+
+    The ``prefix`` exchanges always stay (they are what the run put before turn 1).
+    """
     count = len(turns)
     while count > 0:
-        layout = layout_conversation(tokenizer, system_prompt, turns[:count], condition)
+        layout = layout_conversation(tokenizer, system_prompt, turns[:count], condition, prefix)
         if max_tokens is None or layout.n_tokens <= max_tokens:
             return layout
         count -= 1

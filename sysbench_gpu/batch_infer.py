@@ -1,41 +1,60 @@
-"""Turn-synchronous generation: ``sysbench-gpu generate`` (see docs/generation.md).
+"""Turn-synchronous generation: the scheduler behind ``sysbench-gpu generate`` (docs/generation.md).
 
-With ``--history model`` all selected sessions advance together: turn t of every
-session is one ``engine.chat`` call whose conversations hold the system message, the
-earlier user turns with the model's *own* earlier replies, and user turn t. The records
-of a turn are appended to ``generations.jsonl`` as soon as the call returns, so a kill
-loses at most the turn in flight, and a rerun with the same ``--out`` continues
-mid-session from the stored replies. With ``--history reference`` the history of every
-turn is the reference replies, so every turn of every session goes in a single call.
+All selected sessions advance together: every engine call holds one turn of every
+session that still has one (``generation_plan.GenerationPlan.calls``): with
+``--history model`` call *t* holds turn *t* of every SysBench session (the *t*-th
+answered turn of every MT-Eval dialogue), each conversation carrying the model's *own*
+earlier replies; with ``--history reference`` or ``single-turn`` no turn depends on
+another, so everything goes in one call. The records of a call are appended to
+``generations.jsonl`` as soon as it returns, so a kill loses at most the call in flight,
+and a rerun with the same ``--out`` continues mid-session from the stored replies.
 
 The scheduler only talks to the ``Engine`` protocol; engines are built lazily through
-``engines.get_engine`` so that importing this module stays cheap.
+``engines.get_engine`` (in ``generate_cli``) so that importing this module stays cheap.
+The message helpers live in ``messages`` and are re-exported here for existing callers.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Mapping
 
-from sysbench_gpu.data import Dataset, Session, load_dataset, parse_session_ids
+from sysbench_gpu.ablations import DISTRACTORS_FILE, ablation_settings, check_ablation_compatible, write_distractors
+from sysbench_gpu.data import Dataset, Session
 from sysbench_gpu.engines.base import ChatMessage, Completion, Engine, SamplingSpec, chat_sessions
 from sysbench_gpu.errors import SysbenchError, where
-from sysbench_gpu.locks import is_primary_rank, stage_lock
-from sysbench_gpu.runstore import GENERATIONS, GenerationRecord, Key, RunDir, utc_now, write_json_atomic
+from sysbench_gpu.generation_plan import (
+    HISTORY_MODES,
+    GenerationPlan,
+    missing_references,
+    select_for_reference_history,
+)
+from sysbench_gpu.locks import stage_lock
+from sysbench_gpu.messages import (
+    SYSTEM_FOLD_SEPARATOR,
+    conversation_for_turn,
+    drop_oldest_turns,
+    fit_to_context,
+    fold_system_message,
+)
+from sysbench_gpu.runstore import GenerationRecord, Key, RunDir, utc_now, write_json_atomic
+
+__all__ = [
+    "GenerateSettings", "GenerateSummary", "TurnScheduler", "run_generation", "check_compatible",
+    "conversation_for_turn", "fold_system_message", "drop_oldest_turns", "fit_to_context", "missing_references",
+    "select_for_reference_history", "SYSTEM_FOLD_SEPARATOR", "HISTORY_MODES", "effective_max_tokens",
+]
 
 log = logging.getLogger(__name__)
 
 STAGE = "generate"
-HISTORY_MODES = ("model", "reference")
 OVERFLOW_POLICIES = ("error", "truncate-history", "skip")
-# Templates without a system role get "<system message><separator><first user message>".
-SYSTEM_FOLD_SEPARATOR = "\n\n"
-# Manifest fields that must not change within one run directory.
-LOCKED_FIELDS = ("model", "engine", "history", "sampling", "data_sha256")
+# Manifest fields that must not change within one run directory (besides the ablation fields,
+# ablations.ABLATION_FIELDS, checked first).
+LOCKED_FIELDS = ("model", "engine", "sampling", "data_sha256", "system_message")
 
 
 @dataclass(frozen=True)
@@ -44,16 +63,27 @@ class GenerateSettings:
 
     model: str  # as the user named it (e.g. "smollm2"), not the resolved path
     engine: str
-    history: str = "model"
+    history: str = "model"  # model | reference | single-turn
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     on_overflow: str = "error"
     skip_missing_reference: bool = False
+    distractor_turns: int = 0  # unrelated exchanges before user turn 1 (SysBench ablation)
+    distractor_seed: int = 0
 
     def __post_init__(self) -> None:
         if self.history not in HISTORY_MODES:
             raise SysbenchError(f"--history must be one of {', '.join(HISTORY_MODES)}, got {self.history!r}")
         if self.on_overflow not in OVERFLOW_POLICIES:
             raise SysbenchError(f"--on-overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {self.on_overflow!r}")
+        if self.distractor_turns < 0:
+            raise SysbenchError(f"--distractor-turns must be 0 or more, got {self.distractor_turns}")
+
+    def ablation(self) -> dict[str, Any]:
+        """The manifest's ablation fields: history, distractor_turns, distractor_seed (null without distractors)."""
+        return ablation_settings(self.history, self.distractor_turns, self.distractor_seed)
+
+    def plan(self, dataset: Dataset) -> GenerationPlan:
+        return GenerationPlan.for_dataset(dataset, self.history, self.distractor_turns, self.distractor_seed)
 
 
 @dataclass
@@ -76,7 +106,7 @@ class Prepared:
 class CallStats:
     """Statistics of one engine call (one turn in model-history mode)."""
 
-    turn: int | str  # the turn number, or "all" for a reference-history call
+    turn: int | str  # the turn number (MT-Eval: answered-turn index), or "all" for a run's single call
     history: str
     requests: int
     wall_s: float
@@ -108,92 +138,19 @@ class GenerateSummary:
     skipped_sessions: list[int]
 
 
-# ------------------------------------------------------------------ conversations
-
-
-def conversation_for_turn(session: Session, turn: int, history: Mapping[int, str]) -> list[ChatMessage]:
-    """System message, then user turns 1..turn-1 each followed by ``history[i]``, then user turn ``turn``."""
-    messages: list[ChatMessage] = [{"role": "system", "content": session.system_prompt}]
-    for index in range(1, turn):
-        messages.append({"role": "user", "content": session.turn(index).user})
-        messages.append({"role": "assistant", "content": history[index]})
-    messages.append({"role": "user", "content": session.turn(turn).user})
-    return messages
-
-
-def fold_system_message(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
-    """Merge a leading system message into the first user message, for templates without a system role."""
-    if not messages or messages[0]["role"] != "system":
-        return list(messages)
-    system, rest = messages[0], list(messages[1:])
-    for position, message in enumerate(rest):
-        if message["role"] == "user":
-            rest[position] = {"role": "user", "content": system["content"] + SYSTEM_FOLD_SEPARATOR + message["content"]}
-            return rest
-    return [{"role": "user", "content": system["content"]}] + rest
-
-
-def drop_oldest_turns(messages: Sequence[ChatMessage], count: int) -> list[ChatMessage]:
-    """Remove the ``count`` oldest user+assistant pairs; the system message and the last user turn stay."""
-    head = [m for m in messages[:1] if m["role"] == "system"]
-    body = list(messages[len(head) :])
-    return head + body[2 * count :]
-
-
-def fit_to_context(
-    messages: list[ChatMessage],
-    *,
-    count_tokens: Callable[[Sequence[ChatMessage]], int | None],
-    context_length: int | None,
-    reserve: int,
-    policy: str,
-    fold_system: bool,
-    location: str,
-) -> tuple[list[ChatMessage], int | None, str | None, str | None]:
-    """Apply the over-length policy; returns (messages to send, prompt tokens, overflow, skip reason).
-
-    ``reserve`` is the number of output tokens the reply may take (max tokens). Truncation
-    drops whole oldest turns, never the system message; a prompt that still does not fit
-    without any history is skipped.
-    """
-    shape = fold_system_message if fold_system else list
-    final = shape(messages)
-    tokens = count_tokens(final)
-    if tokens is None or context_length is None or tokens + reserve <= context_length:
-        return final, tokens, None, None
-    if policy == "error":
-        raise SysbenchError(
-            f"{location}: prompt of {tokens} tokens + {reserve} max tokens exceeds the model's context length "
-            f"{context_length}; pass --on-overflow truncate-history or --on-overflow skip, or lower --max-tokens"
-        )
-    if policy == "skip":
-        return final, tokens, "skipped", f"prompt of {tokens} + {reserve} tokens exceeds context {context_length}"
-    history_turns = (len(messages) - (1 if messages and messages[0]["role"] == "system" else 0) - 1) // 2
-    for dropped in range(1, history_turns + 1):
-        final = shape(drop_oldest_turns(messages, dropped))
-        tokens = count_tokens(final)
-        if tokens is None or tokens + reserve <= context_length:
-            return final, tokens, f"truncated-history:{dropped}", None
-    return final, tokens, "skipped", (
-        f"prompt of {tokens} + {reserve} tokens exceeds context {context_length} even without history"
-    )
-
-
-def missing_references(sessions: Iterable[Session]) -> dict[int, list[int]]:
-    """Sessions whose reference replies needed as history (turns 1..n-1) are null, with those turns."""
-    missing: dict[int, list[int]] = {}
-    for session in sessions:
-        turns = [turn.index for turn in session.turns[:-1] if turn.reference is None]
-        if turns:
-            missing[session.system_id] = turns
-    return missing
-
-
 # ------------------------------------------------------------------ run directory checks
 
 
 def _sampling_json(sampling: SamplingSpec) -> dict[str, Any]:
     return sampling.explicit()
+
+
+def system_message_of(sessions: list[Session]) -> str | list[str] | None:
+    """MT-Eval: the system message the run sends ("" for none; a list if dialogues differ); SysBench: None."""
+    if not sessions or sessions[0].benchmark != "mteval":
+        return None
+    messages = sorted({s.system_prompt for s in sessions})
+    return messages[0] if len(messages) == 1 else messages
 
 
 def check_compatible(run_dir: RunDir, settings: GenerateSettings, dataset: Dataset) -> None:
@@ -207,12 +164,14 @@ def check_compatible(run_dir: RunDir, settings: GenerateSettings, dataset: Datas
                 f"(no '{STAGE}' stage in {run_dir.manifest_path.name}); use a new --out"
             )
         return
+    # One ablation per run directory: history, distractor turns and seed first.
+    check_ablation_compatible(section, settings.ablation(), str(run_dir.manifest_path))
     wanted = {
         "model": settings.model,
         "engine": settings.engine,
-        "history": settings.history,
         "sampling": _sampling_json(settings.sampling),
         "data_sha256": dataset.sha256,
+        "system_message": system_message_of(list(dataset.sessions)),
     }
     for name in LOCKED_FIELDS:
         old, new = section.get(name), wanted[name]
@@ -228,28 +187,6 @@ def check_compatible(run_dir: RunDir, settings: GenerateSettings, dataset: Datas
                 f"{run_dir.manifest_path}: field '{name}' was {old!r} in this run, this command asks for {new!r}; "
                 "rerun with the same settings or use a new --out"
             )
-
-
-def select_for_reference_history(sessions: list[Session], skip_missing: bool) -> tuple[list[Session], list[int]]:
-    """Sessions usable with reference history; the rest are an error or, when asked, skipped."""
-    missing = missing_references(sessions)
-    if not missing:
-        return sessions, []
-    listing = "; ".join(f"session {sid}: turns {', '.join(map(str, turns))}" for sid, turns in missing.items())
-    if not skip_missing:
-        raise SysbenchError(
-            f"--history reference needs the reference replies of earlier turns, and {len(missing)} of "
-            f"{len(sessions)} sessions have null ones ({listing}); pass --skip-missing-reference to leave them out, "
-            "or use --history model"
-        )
-    kept = [s for s in sessions if s.system_id not in missing]
-    if not kept:
-        raise SysbenchError(
-            f"--skip-missing-reference leaves no session: all {len(sessions)} selected sessions lack a reference "
-            "reply needed as history (the shared file keeps references for turns 1-2 only)"
-        )
-    log.warning("skipping %d sessions without reference replies: %s", len(missing), ", ".join(map(str, missing)))
-    return kept, sorted(missing)
 
 
 def _merged_snapshot(run_dir: RunDir, dataset: Dataset, selected: list[Session]) -> list[Session]:
@@ -273,11 +210,13 @@ class TurnScheduler:
         settings: GenerateSettings,
         sessions: list[Session],
         progress: bool = True,
+        plan: GenerationPlan | None = None,
     ) -> None:
         self.engine = engine
         self.run_dir = run_dir
         self.settings = settings
         self.sessions = sessions
+        self.plan = plan or GenerationPlan(sessions[0].benchmark if sessions else "sysbench", settings.history)
         self.progress = progress
         self.writes = bool(getattr(engine, "is_primary", True))
         self.fold_system = not engine.supports_system_role()
@@ -291,59 +230,41 @@ class TurnScheduler:
 
     # -- public ---------------------------------------------------------------------
     def run(self) -> None:
-        pending = [
-            (s.system_id, turn.index) for s in self.sessions for turn in s.turns
-            if (s.system_id, turn.index) not in self.records
-        ]
+        calls = self.plan.calls(self.sessions)
+        pending = [key for _, keys in calls for key in keys if key not in self.records]
         if not pending:
             log.info("nothing to generate: all %d turns already have records", len(self.records))
             return
-        log.info("generating %d replies for %d sessions (history=%s)", len(pending), len(self.sessions), self.settings.history)
+        log.info("generating %d replies for %d sessions (history=%s%s)", len(pending), len(self.sessions),
+                 self.settings.history,
+                 f", {self.settings.distractor_turns} distractor turns" if self.settings.distractor_turns else "")
         from tqdm import tqdm
 
+        by_id = {s.system_id: s for s in self.sessions}
         with tqdm(total=len(pending), desc="generate", unit="reply", disable=not (self.progress and self.writes)) as bar:
-            if self.settings.history == "model":
-                self._run_model_history(bar)
-            else:
-                self._run_reference_history(bar)
-
-    # -- model history: one call per turn --------------------------------------------
-    def _run_model_history(self, bar: Any) -> None:
-        max_turns = max(len(s.turns) for s in self.sessions)
-        for turn in range(1, max_turns + 1):
-            todo = [s for s in self.sessions if turn <= len(s.turns) and (s.system_id, turn) not in self.records]
-            if not todo:
-                continue
-            prepared: list[Prepared] = []
-            for session in todo:
-                earlier = [self.records.get((session.system_id, i)) for i in range(1, turn)]
-                gap = [i for i, record in enumerate(earlier, start=1) if record is None]
-                if gap:
-                    raise SysbenchError(
-                        f"{where(self.run_dir.generations.path, session.system_id, turn)}: history turn {gap[0]} has no "
-                        "record (was the file edited?)"
-                    )
-                skipped_before = [r.turn for r in earlier if r is not None and r.status != "ok"]
-                if skipped_before:
-                    # Without that reply the history is incomplete: the rest of the session is skipped too.
-                    prepared.append(Prepared(session, turn, [], None, None, f"history turn {skipped_before[0]} was skipped"))
+            for label, keys in calls:
+                todo = [key for key in keys if key not in self.records]
+                if not todo:
                     continue
-                history = {r.turn: r.response or "" for r in earlier if r is not None}
-                prepared.append(self._prepare(session, turn, conversation_for_turn(session, turn, history)))
-            self._call_and_store(prepared, label=turn)
-            bar.update(len(prepared))
+                prepared = [self._prepare_turn(by_id[system_id], turn) for system_id, turn in todo]
+                self._call_and_store(prepared, label=label)
+                bar.update(len(prepared))
 
-    # -- reference history: one call for everything ------------------------------------
-    def _run_reference_history(self, bar: Any) -> None:
-        prepared: list[Prepared] = []
-        for session in self.sessions:
-            references = {t.index: t.reference or "" for t in session.turns}
-            for turn in session.turns:
-                if (session.system_id, turn.index) in self.records:
-                    continue
-                prepared.append(self._prepare(session, turn.index, conversation_for_turn(session, turn.index, references)))
-        self._call_and_store(prepared, label="all")
-        bar.update(len(prepared))
+    # -- one turn's conversation --------------------------------------------------------
+    def _prepare_turn(self, session: Session, turn: int) -> Prepared:
+        earlier = {index: self.records.get((session.system_id, index)) for index in self.plan.depends_on(session, turn)}
+        gap = [index for index, record in earlier.items() if record is None]
+        if gap:
+            raise SysbenchError(
+                f"{where(self.run_dir.generations.path, session.system_id, turn)}: history turn {gap[0]} has no "
+                "record (was the file edited?)"
+            )
+        skipped_before = [index for index, record in earlier.items() if record is not None and record.status != "ok"]
+        if skipped_before:
+            # Without that reply the history is incomplete: the rest of the session is skipped too.
+            return Prepared(session, turn, [], None, None, f"history turn {skipped_before[0]} was skipped")
+        replies = {index: record.response or "" for index, record in earlier.items() if record is not None}
+        return self._prepare(session, turn, self.plan.messages(session, turn, replies))
 
     # -- shared steps ---------------------------------------------------------------------
     def _prepare(self, session: Session, turn: int, messages: list[ChatMessage]) -> Prepared:
@@ -431,7 +352,8 @@ class TurnScheduler:
         )
         self.calls.append(stats)
         log.info(
-            "turn %s: %d requests, %.2f s, %d prompt tokens%s, %d output tokens, %.1f output tok/s, finish %s%s",
+            "%s %s: %d requests, %.2f s, %d prompt tokens%s, %d output tokens, %.1f output tok/s, finish %s%s",
+            "answered turn" if self.plan.benchmark == "mteval" and label != "all" else "turn",
             label, stats.requests, stats.wall_s, stats.prompt_tokens,
             f" ({stats.cached_prompt_tokens} cached)" if stats.cached_prompt_tokens is not None else "",
             stats.output_tokens, stats.output_tokens_per_s,
@@ -518,23 +440,32 @@ def _run_generation_locked(
     progress: bool,
 ) -> GenerateSummary:
     check_compatible(run_dir, settings, dataset)
+    plan = settings.plan(dataset)
     skipped_sessions: list[int] = []
     if settings.history == "reference":
         sessions, skipped_sessions = select_for_reference_history(sessions, settings.skip_missing_reference)
     if not sessions:
         raise SysbenchError(f"{dataset.path}: no sessions selected")
-    scheduler = TurnScheduler(engine, run_dir, settings, sessions, progress=progress)
+    scheduler = TurnScheduler(engine, run_dir, settings, sessions, progress=progress, plan=plan)
     writes = scheduler.writes
     if writes:
         run_dir.path.mkdir(parents=True, exist_ok=True)
-        run_dir.write_sessions(_merged_snapshot(run_dir, dataset, sessions), dataset)
+        snapshot = _merged_snapshot(run_dir, dataset, sessions)
+        run_dir.write_sessions(snapshot, dataset)
+        if settings.distractor_turns:
+            write_distractors(run_dir.path / DISTRACTORS_FILE, {s.system_id: plan.distractors(s) for s in snapshot},
+                              settings.distractor_turns, settings.distractor_seed)
         described = engine.describe()
         run_dir.update_manifest(
             STAGE,
             status="running",
             model=settings.model,
             engine=settings.engine,
-            history=settings.history,
+            benchmark=dataset.benchmark,
+            task=sessions[0].task if dataset.benchmark == "mteval" else None,
+            system_message=system_message_of(list(dataset.sessions)),
+            **settings.ablation(),
+            distractors_file=DISTRACTORS_FILE if settings.distractor_turns else None,
             sampling=_sampling_json(settings.sampling),
             data_sha256=dataset.sha256,
             engine_options=dict(engine_options or {}),
@@ -550,7 +481,7 @@ def _run_generation_locked(
             started=utc_now(),
         )
     scheduler.run()
-    wanted = {(s.system_id, t.index) for s in sessions for t in s.turns}
+    wanted = {(s.system_id, turn) for s in sessions for turn in plan.answered(s)}
     done = [r for k, r in scheduler.records.items() if k in wanted]
     summary = GenerateSummary(
         new_records=scheduler.new_records,
@@ -573,167 +504,3 @@ def _run_generation_locked(
     return summary
 
 
-# ------------------------------------------------------------------ CLI
-
-# CLI flag (argparse dest) -> engine keyword, per engine. A flag set for an engine that
-# does not take it is an error rather than silently ignored.
-ENGINE_FLAGS: dict[str, dict[str, str]] = {
-    "hf": {"device": "device", "dtype": "dtype", "batch_size": "batch_size", "device_map": "device_map", "seed": "seed"},
-    "vllm": {
-        "tensor_parallel_size": "tensor_parallel_size",
-        "pipeline_parallel_size": "pipeline_parallel_size",
-        "data_parallel_size": "data_parallel_size",
-        "no_prefix_caching": "enable_prefix_caching",
-        "max_model_len": "max_model_len",
-        "gpu_memory_utilization": "gpu_memory_utilization",
-        "dtype": "dtype",
-        "seed": "seed",
-        "distributed_executor_backend": "distributed_executor_backend",
-        "enforce_eager": "enforce_eager",
-    },
-    "openai": {
-        "base_url": "base_url",
-        "api_key_env": "api_key_env",
-        "concurrency": "concurrency",
-        "max_retries": "max_retries",
-        "timeout": "timeout",
-    },
-}
-_SHARED_FLAGS = {"seed"}  # a sampling flag that engines also take when they have it
-
-
-def engine_options_from_args(engine: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The ``get_engine`` keyword arguments for the engine flags the user set."""
-    mapping = ENGINE_FLAGS[engine]
-    options: dict[str, Any] = {}
-    for flags in ENGINE_FLAGS.values():
-        for dest in flags:
-            value = getattr(args, dest, None)
-            if value is None or value is False:
-                continue
-            if dest not in mapping:
-                if dest in _SHARED_FLAGS:
-                    continue
-                owners = [name for name, m in ENGINE_FLAGS.items() if dest in m]
-                raise SysbenchError(
-                    f"--{dest.replace('_', '-')} is a flag of the {'/'.join(owners)} engine; --engine {engine} does not take it"
-                )
-            options[mapping[dest]] = False if dest == "no_prefix_caching" else value
-    return options
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "generate",
-        help="generate replies turn by turn, all sessions together (resumable)",
-        description="Generate replies for SysBench sessions. With --history model all sessions advance together, "
-        "one batched engine call per turn; records are appended after each turn and a rerun resumes.",
-    )
-    parser.add_argument("--data", required=True, help="data file or folder, or 'demo' for the packaged demo set")
-    parser.add_argument("--model", required=True, help="model path or hub id; 'smollm2' is the embedded model")
-    parser.add_argument("--engine", required=True, choices=("vllm", "hf", "openai"))
-    parser.add_argument("--out", required=True, help="run directory (created; reused to resume)")
-    parser.add_argument("--limit", type=int, help="first N selected sessions")
-    parser.add_argument("--sessions", help="session ids, e.g. 1,2,5-9")
-    parser.add_argument("--history", choices=HISTORY_MODES, default="model",
-                        help="model: the model's own earlier replies (default); reference: the reference replies")
-    parser.add_argument("--skip-missing-reference", action="store_true",
-                        help="with --history reference, leave out sessions whose needed references are null")
-    parser.add_argument("--on-overflow", choices=OVERFLOW_POLICIES, default="error",
-                        help="when prompt + max tokens exceeds the context (default: error)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    sampling = parser.add_argument_group("sampling (default: the model's own generation config)")
-    sampling.add_argument("--max-tokens", type=int)
-    sampling.add_argument("--temperature", type=float)
-    sampling.add_argument("--top-p", type=float)
-    sampling.add_argument("--top-k", type=int)
-    sampling.add_argument("--repetition-penalty", type=float)
-    sampling.add_argument("--seed", type=int, help="sampling seed (also the engine seed for hf and vllm)")
-    hf = parser.add_argument_group("hf engine")
-    hf.add_argument("--batch-size", type=int, help="sequences per generate() batch (default 32)")
-    hf.add_argument("--device", help="cuda, cuda:1, cpu (default: cuda when available)")
-    hf.add_argument("--device-map", help="'auto' spreads a large model over the GPUs through accelerate")
-    both = parser.add_argument_group("hf and vllm engines")
-    both.add_argument("--dtype", help="bfloat16, float16, float32 or auto")
-    vllm = parser.add_argument_group("vllm engine")
-    vllm.add_argument("--tensor-parallel-size", type=int)
-    vllm.add_argument("--pipeline-parallel-size", type=int)
-    vllm.add_argument("--data-parallel-size", type=int)
-    vllm.add_argument("--no-prefix-caching", action="store_true")
-    vllm.add_argument("--max-model-len", type=int)
-    vllm.add_argument("--gpu-memory-utilization", type=float)
-    vllm.add_argument("--distributed-executor-backend", help="mp, ray or external_launcher (torchrun)")
-    vllm.add_argument("--enforce-eager", action="store_true")
-    openai = parser.add_argument_group("openai engine")
-    openai.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")
-    openai.add_argument("--api-key-env", help="environment variable holding the API key (default OPENAI_API_KEY)")
-    openai.add_argument("--concurrency", type=int)
-    openai.add_argument("--max-retries", type=int)
-    openai.add_argument("--timeout", type=float)
-    parser.set_defaults(func=_cmd_generate)
-
-
-def sampling_from_args(args: argparse.Namespace) -> SamplingSpec:
-    for name in ("max_tokens", "top_k"):
-        value = getattr(args, name)
-        if value is not None and value < (1 if name == "max_tokens" else 0):
-            raise SysbenchError(f"--{name.replace('_', '-')} must be positive, got {value}")
-    return SamplingSpec(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
-    )
-
-
-def _cmd_generate(args: argparse.Namespace) -> int:
-    settings = GenerateSettings(
-        model=args.model,
-        engine=args.engine,
-        history=args.history,
-        sampling=sampling_from_args(args),
-        on_overflow=args.on_overflow,
-        skip_missing_reference=args.skip_missing_reference,
-    )
-    options = engine_options_from_args(args.engine, args)
-    dataset = load_dataset(args.data)
-    ids = parse_session_ids(args.sessions)
-    sessions = dataset.select(ids, args.limit)
-    run_dir = RunDir(args.out)
-    # One writer per run directory; taking the lock also checks --out before a model loads.
-    with stage_lock(run_dir.path, STAGE, enabled=is_primary_rank(options)):
-        return _generate_locked(args, settings, options, dataset, sessions, run_dir)
-
-
-def _generate_locked(
-    args: argparse.Namespace, settings: GenerateSettings, options: dict[str, Any], dataset: Dataset,
-    sessions: list[Session], run_dir: RunDir,
-) -> int:
-    from sysbench_gpu.engines import get_engine
-
-    run_dir.ensure_writable([GENERATIONS])
-    # Fail on a mismatched run directory or missing references before loading a model.
-    check_compatible(run_dir, settings, dataset)
-    if settings.history == "reference" and not settings.skip_missing_reference:
-        select_for_reference_history(sessions, skip_missing=False)
-    model = args.model
-    if args.engine in ("hf", "vllm"):
-        from sysbench_gpu.models import resolve_model
-
-        model = resolve_model(args.model)
-    engine = get_engine(args.engine, model=model, **options)
-    try:
-        summary = run_generation(
-            engine, dataset, sessions, run_dir, settings, engine_options=options, progress=not args.no_progress,
-            lock=False,
-        )
-    finally:
-        engine.close()
-    if getattr(engine, "is_primary", True):
-        print(
-            f"{run_dir.generations.path}: {summary.total_records} records ({summary.new_records} new, "
-            f"{summary.skipped_records} skipped); statistics in {run_dir.stats_path}"
-        )
-    return 0

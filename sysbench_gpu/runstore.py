@@ -53,8 +53,9 @@ class GenerationRecord:
 
     ``response`` is None only when the turn was not generated (``status`` says why,
     e.g. ``skipped`` on over-length). ``history`` is how earlier turns were shown:
-    ``model`` (its own replies), ``reference`` (reference replies) or ``upstream``
-    (imported from a published workbook).
+    ``model`` (its own replies), ``reference`` (reference replies), ``single-turn``
+    (no earlier turns: the SysBench ablation) or ``upstream`` (imported from a published
+    workbook).
     """
 
     system_id: int
@@ -124,7 +125,7 @@ class JudgmentRecord:
 Record = TypeVar("Record", GenerationRecord, JudgmentRecord)
 
 GENERATION_STATUSES = ("ok", "skipped")
-HISTORY_MODES = ("model", "reference", "upstream")
+HISTORY_MODES = ("model", "reference", "single-turn", "upstream")
 PARSE_STATUSES = ("ok", "unparsed", "imported", "skipped")
 
 

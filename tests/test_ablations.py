@@ -131,3 +131,19 @@ def test_manifest_settings_refuse_mixing() -> None:
     check_ablation_compatible({"history": "reference"}, ablation_settings("reference"), "run/manifest.json")
     with pytest.raises(SysbenchError, match="0 or more"):
         ablation_settings("model", -2)
+
+
+def test_distractors_file_round_trip_and_errors(tmp_path) -> None:
+    from sysbench_gpu.ablations import read_distractors, write_distractors
+
+    pool = distractor_pool(SESSIONS)
+    chosen = {sid: choose_distractors(pool, sid, 2, seed=0) for sid in (1, 2)}
+    path = tmp_path / "distractors.json"
+    write_distractors(path, chosen, 2, 0)
+    assert read_distractors(path) == (2, chosen)
+    raw = path.read_text(encoding="utf-8").replace('"turn": 1', '"turn": "1"', 1)
+    path.write_text(raw, encoding="utf-8")
+    with pytest.raises(SysbenchError, match=r"field 'sessions\.\d\[\d\]' should be an object with system_id"):
+        read_distractors(path)
+    with pytest.raises(SysbenchError, match="missing; the run's manifest says it has distractor turns"):
+        read_distractors(tmp_path / "absent.json")

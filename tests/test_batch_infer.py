@@ -3,76 +3,26 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from pathlib import Path
-from typing import Any, Sequence
 
 import pytest
+from fake_engine import FakeEngine, Interrupted
 
 from sysbench_gpu.batch_infer import (
     SYSTEM_FOLD_SEPARATOR,
     GenerateSettings,
     conversation_for_turn,
     drop_oldest_turns,
-    engine_options_from_args,
     fold_system_message,
     missing_references,
-    register,
     run_generation,
 )
 from sysbench_gpu.data import demo_data_path, load_dataset, parse_session_ids, resolve_data_path
-from sysbench_gpu.engines.base import Completion, SamplingSpec
+from sysbench_gpu.engines.base import SamplingSpec
 from sysbench_gpu.errors import SysbenchError
+from sysbench_gpu.generate_cli import engine_options_from_args, register
 from sysbench_gpu.runstore import RunDir
-
-
-class Interrupted(Exception):
-    """Stands for a kill: raised by the fake engine on a chosen call."""
-
-
-class FakeEngine:
-    """Deterministic replies that depend on the whole conversation (so history is checkable)."""
-
-    name = "fake"
-    model = "fake-model"
-
-    def __init__(self, context: int | None = None, system_role: bool = True, fail_on_call: int | None = None,
-                 is_primary: bool = True) -> None:
-        self.context = context
-        self.system_role = system_role
-        self.fail_on_call = fail_on_call
-        self.is_primary = is_primary
-        self.calls: list[list[list[dict[str, str]]]] = []
-
-    def chat(self, conversations: Sequence[Sequence[dict[str, str]]], sampling: SamplingSpec) -> list[Completion]:
-        if self.fail_on_call is not None and len(self.calls) + 1 == self.fail_on_call:
-            raise Interrupted
-        self.calls.append([list(c) for c in conversations])
-        out = []
-        for conversation in conversations:
-            digest = hashlib.sha1(json.dumps(conversation, sort_keys=True).encode()).hexdigest()[:10]
-            users = sum(m["role"] == "user" for m in conversation)
-            text = f"reply {users} [{digest}] max={sampling.max_tokens}"
-            out.append(Completion(text=text, prompt_tokens=self.count_prompt_tokens(conversation),
-                                  output_tokens=4, finish_reason="stop" if users % 2 else "length"))
-        return out
-
-    def count_prompt_tokens(self, conversation: Sequence[dict[str, str]]) -> int:
-        return sum(len(m["content"].split()) + 3 for m in conversation)
-
-    def supports_system_role(self) -> bool:
-        return self.system_role
-
-    def context_length(self) -> int | None:
-        return self.context
-
-    def describe(self) -> dict[str, Any]:
-        return {"engine": "fake", "defaults": {"max_tokens": 10}}
-
-    def close(self) -> None:
-        pass
-
 
 SETTINGS = GenerateSettings(model="fake-model", engine="hf", sampling=SamplingSpec(max_tokens=10))
 

@@ -103,3 +103,16 @@ def test_follow_up_limit_two_is_six_requests_in_three_calls() -> None:
     calls = engine_calls(sessions, "model")
     assert [len(c) for c in calls] == [2, 2, 2]
     assert calls[0] == [(1, 3), (2, 3)]
+
+
+def test_generate_plan_follows_the_same_calls_and_messages() -> None:
+    from sysbench_gpu.generation_plan import GenerationPlan
+
+    short = {"id": "e", "conv": [{"user": "X", "sys": "Y", "id": "x", "do_inference": True}]}
+    sessions = parse_dialogues(json.dumps(DIALOGUE) + "\n" + json.dumps(short), task="follow-up")
+    for mode in ("model", "reference"):
+        plan = GenerationPlan("mteval", mode)
+        assert [keys for _, keys in plan.calls(sessions)] == engine_calls(sessions, mode)
+        assert plan.messages(sessions[0], 4, {2: "mine"}) == conversation_for_answered_turn(sessions[0], 4, mode, {2: "mine"})
+    assert GenerationPlan("mteval", "model").depends_on(sessions[0], 4) == [2]
+    assert GenerationPlan("mteval", "reference").depends_on(sessions[0], 4) == []

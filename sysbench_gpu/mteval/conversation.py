@@ -16,6 +16,7 @@ from typing import Mapping, Sequence
 from sysbench_gpu.data import Session
 from sysbench_gpu.engines.base import ChatMessage
 from sysbench_gpu.errors import SysbenchError, where
+from sysbench_gpu.messages import conversation_for_turn
 from sysbench_gpu.mteval.data import answered_turns
 
 HISTORY_MODES = ("model", "reference")
@@ -51,8 +52,6 @@ def conversation_for_answered_turn(
     session: Session, turn_index: int, mode: str = "model", replies: Mapping[int, str] | None = None
 ) -> list[ChatMessage]:
     """System message (unless empty), then every earlier user turn with its history reply, then this user turn."""
-    from sysbench_gpu.batch_infer import conversation_for_turn
-
     if not session.turn(turn_index).answered:
         raise SysbenchError(f"{where(None, session.system_id, turn_index)}: a context turn, never answered")
     messages = conversation_for_turn(session, turn_index, history_for_turn(session, turn_index, mode, replies))
