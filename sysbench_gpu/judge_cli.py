@@ -233,3 +233,15 @@ def _mteval_templates(pairs: Sequence[str]) -> dict[str, Any]:
     from sysbench_gpu.mteval.scoring import parse_template_options
 
     return {kind: load_score_template(kind, path) for kind, path in parse_template_options(pairs).items()}
+
+
+def _wait_for_rejudge_copy(run: RunDir, timeout_s: float = REJUDGE_WAIT_S) -> None:
+    """A non-primary rank reads the --rejudge copy only once the primary has finished making it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (run.path / MANIFEST).is_file():
+            rejudged = run.read_manifest().get("rejudged_from")
+            if isinstance(rejudged, dict) and rejudged.get("setup", "complete") == "complete":
+                return
+        time.sleep(0.2)
+    raise SysbenchError(f"{run.path}: the primary rank did not finish the --rejudge copy within {timeout_s:.0f} s")
