@@ -10,11 +10,17 @@ with :func:`sysbench_gpu.metrics.run_metrics` and writes
 - ``table6_csr_by_type``: CSR per constraint type and overall;
 - ``table_gt_history_gain`` (with ``--gt-pair``): per-turn ISR gain of ground-truth
   history over the model's own history;
+- ``table_history_ablation`` (with single-turn or distractor runs, or one model's runs of
+  several kinds): per-turn ISR of each kind (``report_ablations``);
 
 each as ``.md`` and ``.tex`` (booktabs), figures (see :mod:`sysbench_gpu.figures`),
 ``report.md`` stitching it all together and ``report.json`` with every metrics dict
 and how it was made. Percentages carry one decimal; the best value of a column is
-bold. Nothing here imports torch; matplotlib is imported only when figures are drawn.
+bold. MT-Eval runs get their own report (``report_mteval``: the leaderboard layout).
+The work is split by job: ``report_runs`` (runs, pairs, checks), ``report_tables``
+(tables and their rendering), ``report_ablations``, ``report_mteval``, and this module
+(the SysBench report and the command line). Nothing here imports torch; matplotlib is
+imported only when figures are drawn.
 """
 
 from __future__ import annotations
@@ -29,6 +35,13 @@ from typing import Any, Mapping, Sequence
 from sysbench_gpu import __version__
 from sysbench_gpu.data import TYPE_ORDER, Session, load_dataset
 from sysbench_gpu.errors import SysbenchError
+from sysbench_gpu.report_ablations import (
+    ablation_groups,
+    ablation_panels,
+    gains_by_group,
+    run_kind,
+    table_history_ablation,
+)
 from sysbench_gpu.report_runs import (  # noqa: F401  (re-exported: the report's public names)
     N_TURNS,
     GtPair,
@@ -130,7 +143,11 @@ def write_report(
                 "band, although turn 1 has the same (empty) history in both runs; are they the same model and judge?"
             )
 
+    groups, ablation_warnings = ablation_groups(runs, pairs)
+    warnings += ablation_warnings
     tables = build_tables(runs, pairs)
+    if groups:
+        tables.append(table_history_ablation(groups))
     table_paths: list[Path] = []
     for table in tables:
         for suffix, text in (("md", render_markdown(table)), ("tex", render_latex(table))):
@@ -158,11 +175,15 @@ def write_report(
         if pairs:
             drawn = figs.plot_gt_history_gain(
                 [pair.label for pair in pairs],
-                [pair.turn_gains for pair in pairs],
+                [gains_by_group(pair) for pair in pairs],
                 out_dir / "fig_gt_history_gain",
                 formats,
             )
             figure_paths["fig_gt_history_gain"] = drawn.paths
+            warnings += drawn.warnings
+        if groups:
+            drawn = figs.plot_history_ablation_isr(ablation_panels(groups), out_dir / "fig_history_ablation_isr", formats)
+            figure_paths["fig_history_ablation_isr"] = drawn.paths
             warnings += drawn.warnings
 
     from sysbench_gpu.profile import report_section  # runs with stats.json get a throughput profile
@@ -213,7 +234,9 @@ def _turn1_check(pairs: Sequence[GtPair]) -> str:
 _FIGURE_CAPTIONS = {
     "fig_dataset_distribution": "Dataset: sessions per domain and constraints per type",
     "fig_radar_csr_by_type": "CSR per constraint type",
-    "fig_gt_history_gain": "ISR gain per turn from ground-truth history (turn 1 should be about zero)",
+    "fig_gt_history_gain": "ISR gain per turn from ground-truth history, dependent and parallel sessions apart "
+    "(dashed: ±|ΔT1|, the turn-1 gain, which is noise since turn 1 has no history)",
+    "fig_history_ablation_isr": "ISR per turn of each model under the history ablations",
 }
 
 
@@ -306,6 +329,7 @@ def _report_json(
             },
             "dataset_sha256": run.dataset_sha256,
             "checklist_sha256": run.checklist_sha256,
+            "history_kind": run_kind(manifest).name,
             "metrics": run.metrics,
         }
 
@@ -324,6 +348,7 @@ def _report_json(
                 "gt": describe(pair.gt),
                 "base": describe(pair.base),
                 "isr_gain_by_turn_points": pair.turn_gains,
+                "isr_gain_by_turn_by_group_points": gains_by_group(pair),
                 "turn1_noise_band_points": pair.turn1_noise_band,
                 "isr_gain_points": _diff_points(pair.gt.metrics.get("isr"), pair.base.metrics.get("isr")),
                 "ssr_gain_points": _diff_points(pair.gt.metrics.get("ssr"), pair.base.metrics.get("ssr")),
@@ -386,6 +411,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
         labels = list(given)
     formats = parse_formats(args.formats)
     pair_paths = [parse_gt_pair(text) for text in args.gt_pair]
+    if any(_is_mteval(path) for path in args.runs):
+        return _cmd_report_mteval(args, labels, formats, pair_paths)
     options = {
         "allow_partial": args.allow_partial,
         "exclude_unparsed": args.exclude_unparsed,
@@ -439,6 +466,48 @@ def _cmd_report(args: argparse.Namespace) -> int:
         f"wrote {len(result.tables)} table files, {len(result.figures)} figure files, report.md and report.json "
         f"to {result.out_dir}"
     )
+    return 0
+
+
+def _is_mteval(path: str) -> bool:
+    from sysbench_gpu.report_mteval import is_mteval_run
+
+    return is_mteval_run(path)
+
+
+def _cmd_report_mteval(args: argparse.Namespace, labels: Sequence[str | None], formats: Sequence[str],
+                       pair_paths: Sequence[tuple[Path, Path]]) -> int:
+    """``report`` on MT-Eval runs (every run must be one): leaderboard, tasks, turns, side by side."""
+    from tqdm import tqdm
+
+    from sysbench_gpu.report_mteval import load_mteval_run, write_mteval_report
+
+    sysbench = [path for path in args.runs if not _is_mteval(path)]
+    if sysbench:
+        raise SysbenchError(f"report: {sysbench[0]} is a SysBench run among MT-Eval runs; "
+                            "report the two benchmarks separately")
+    if pair_paths:
+        raise SysbenchError("--gt-pair applies to SysBench runs; MT-Eval gold-history runs go in the list of runs "
+                            "and are shown beside the same model's runs")
+    if args.sort != "given":
+        raise SysbenchError("--sort applies to SysBench runs; MT-Eval rows follow the order of the runs")
+    options = {
+        "allow_partial": args.allow_partial,
+        "exclude_unparsed": args.exclude_unparsed,
+        "exclude_skipped": args.exclude_skipped,
+        "resamples": args.resamples,
+        "seed": args.seed,
+    }
+    runs = [load_mteval_run(path, label, **options)
+            for path, label in tqdm(list(zip(args.runs, labels)), desc="metrics", unit="run", file=sys.stderr,
+                                    disable=None)]
+    tables, figures, warnings = write_mteval_report(
+        runs, args.out, formats=formats, figures=not args.no_figures, options=options,
+        arguments={key: value for key, value in vars(args).items() if key != "func"},
+    )
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"wrote {len(tables)} table files, {len(figures)} figure files, report.md and report.json to {args.out}")
     return 0
 
 

@@ -31,6 +31,7 @@ class Table:
     first_header: str = "Model"
     latex_caption: str | None = None
     markdown_headers: list[str] | None = None  # flat headers for Markdown, when "group column" reads badly
+    decimals: int = 1  # percent tables: one; MT-Eval's 0-10 scores: two
 
     @property
     def columns(self) -> list[str]:
@@ -47,8 +48,10 @@ class Table:
     def fmt(self, value: float | None) -> str:
         if value is None:
             return ""
-        text = f"{value:+.1f}" if self.signed else f"{value:.1f}"
-        return "+0.0" if text == "-0.0" and self.signed else ("0.0" if text == "-0.0" else text)
+        text = f"{value:+.{self.decimals}f}" if self.signed else f"{value:.{self.decimals}f}"
+        if text.startswith("-") and not text.strip("-0."):  # a negative zero after rounding
+            text = ("+" if self.signed else "") + text[1:]
+        return text
 
 
 def pct(value: Any) -> float | None:

@@ -69,3 +69,47 @@ def make_mteval_run(
         task=sessions[0].task,
     )
     return run
+
+
+class ScoreMarkerJudge:
+    """A local judge engine (batched like hf/vllm) that gives the score a reply names: ``... SCORE7 ...`` -> 7."""
+
+    name = "fake"
+    is_primary = True
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def chat(self, conversations, sampling):
+        import json
+        import re
+
+        from sysbench_gpu.engines.base import Completion
+
+        self.calls += 1
+        out = []
+        for conversation in conversations:
+            score = int(re.findall(r"SCORE(\d+)", conversation[-1]["content"])[-1])
+            out.append(Completion(json.dumps({"rationale": "as marked", "score": score}), 100, 10, finish_reason="stop"))
+        return out
+
+    def count_prompt_tokens(self, conversation):
+        return 100
+
+    def context_length(self):
+        return None
+
+    def describe(self):
+        return {"engine": "fake"}
+
+    def close(self):
+        pass
+
+
+def judge_with_markers(run: RunDir) -> None:
+    """Score a run's 1-10 turns with ScoreMarkerJudge (hf-style rounds, no cache), its rule turns by rule."""
+    from sysbench_gpu.judge import JudgeSettings, judge_run
+    from sysbench_gpu.judge_prompt import load_template
+
+    settings = JudgeSettings(backend="hf", model="marker-judge", template=load_template("zh"), cache_dir=None)
+    judge_run(run, settings, ScoreMarkerJudge, show_progress=False)
