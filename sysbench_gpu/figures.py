@@ -280,7 +280,7 @@ def plot_gt_history_gain(
                    frameon=False, bbox_to_anchor=(0.5, 0.0))
         fig.suptitle("ISR gain per turn with ground-truth history instead of the model's own\n"
                      "dashed lines: ±|ΔT1|, the turn-1 gain (turn 1 has no history, so it is noise)", fontsize=11)
-        fig.tight_layout(rect=(0, 0.07, 1, 1))
+        fig.tight_layout(rect=(0, 0.5 / fig.get_figheight(), 1, 1))  # room for the legend below
         return _save(plt, fig, base, formats, caught)
 
 
@@ -335,7 +335,7 @@ def plot_history_ablation_isr(
                    fontsize=9, frameon=False, bbox_to_anchor=(0.5, 0.0))
         fig.suptitle("ISR per turn under history ablations (own history, ground-truth history, single-turn, "
                      "distractor turns)", fontsize=11)
-        fig.tight_layout(rect=(0, 0.07, 1, 1))
+        fig.tight_layout(rect=(0, 0.5 / fig.get_figheight(), 1, 1))  # room for the legend below
         return _save(plt, fig, base, formats, caught)
 
 
@@ -374,5 +374,5 @@ def plot_mteval_by_turn(
         fig.legend(list(legend.values()), list(legend.keys()), loc="lower center", ncol=min(4, max(1, len(legend))),
                    fontsize=9, frameon=False, bbox_to_anchor=(0.5, 0.0))
         fig.suptitle("MT-Eval: score by answered turn", fontsize=11)
-        fig.tight_layout(rect=(0, 0.08 + 0.03 * math.ceil(len(legend) / 4), 1, 1))
+        fig.tight_layout(rect=(0, (0.3 + 0.25 * math.ceil(len(legend) / 4)) / fig.get_figheight(), 1, 1))
         return _save(plt, fig, base, formats, caught)
