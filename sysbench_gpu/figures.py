@@ -227,6 +227,8 @@ def _panel_grid(plt: Any, n: int, width: float = 4.4, height: float = 3.4, max_c
     """A figure of ``n`` panels sharing the y axis, ``max_cols`` per row; unused slots are hidden."""
     cols = max(1, min(max_cols, n))
     rows = max(1, math.ceil(n / cols))
+    if cols == 1:
+        width = max(width, 6.5)  # one panel carries the figure's title and legend alone
     fig, axes = plt.subplots(rows, cols, figsize=(width * cols + 0.6, height * rows + 1.3), sharey=True, squeeze=False)
     flat = [ax for row in axes for ax in row]
     for ax in flat[n:]:
@@ -333,8 +335,7 @@ def plot_history_ablation_isr(
             ax.set_ylabel("ISR (%)")
         fig.legend(list(legend.values()), list(legend.keys()), loc="lower center", ncol=min(5, max(1, len(legend))),
                    fontsize=9, frameon=False, bbox_to_anchor=(0.5, 0.0))
-        fig.suptitle("ISR per turn under history ablations (own history, ground-truth history, single-turn, "
-                     "distractor turns)", fontsize=11)
+        fig.suptitle("ISR per turn under history ablations", fontsize=11)
         fig.tight_layout(rect=(0, 0.5 / fig.get_figheight(), 1, 1))  # room for the legend below
         return _save(plt, fig, base, formats, caught)
 

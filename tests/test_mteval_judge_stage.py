@@ -375,3 +375,30 @@ def test_nan_score_is_refused(tmp_path):
     run.judgments.path.write_text('{"system_id":1,"turn":2,"verdicts":{},"score":NaN,"scorer":"judge"}\n')
     with pytest.raises(SysbenchError, match=r"line 1 \(session 1, turn 2\), field 'score' is nan"):
         run.judgments.read()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_cpu_score_schema_gives_integer_scores(tmp_path, mteval_data_dir):
+    """A real vLLM judge under the score schema: every reply is a JSON integer score from 1 to 10 (no unparsed)."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed")
+    run = make_mteval_run(tmp_path / "fu", mteval_data_dir / FOLLOW_UP, [1], marked())
+    command = [
+        sys.executable, "-m", "sysbench_gpu", "judge", str(run.path), "--judge", "vllm", "--judge-model", "smollm2",
+        "--max-tokens", "160", "--max-reasoning-chars", "80", "--max-retries", "2",
+        "--engine-option", "gpu_memory_utilization=0.3", "--engine-option", "max_model_len=4096",
+        "--engine-option", "enforce_eager=true",
+    ]  # fmt: skip
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
+    done = subprocess.run(command, cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = run.judgments.read()
+    assert len(records) == 3 and all(r.parse_status == "ok" and r.attempts == 1 for r in records.values())
+    assert all(r.score in {float(k) for k in range(1, 11)} for r in records.values())
