@@ -47,11 +47,6 @@ def parse_template_options(pairs: Sequence[str]) -> dict[str, str]:
     return files
 
 
-def tasks_needing_judge(sessions: Sequence[Session]) -> list[str]:
-    """The MT-Eval tasks of these dialogues whose turns the LLM judge scores."""
-    return sorted({s.task for s in sessions if s.task in TASKS and TASKS[s.task].scorer == "judge"})
-
-
 def plan_mteval(
     sessions: Sequence[Session],
     generations: Mapping[Key, GenerationRecord],
@@ -89,8 +84,8 @@ def plan_mteval(
                 tasks.append(JudgeTask(session.system_id, turn.index, prompt, (), template.sha256, template.kind))
             else:
                 ruled.append(rule_record(session, turn.index, record.response))
-    needing = tuple(sorted({s.task for s in chosen if s.task and TASKS[s.task].scorer == "judge"
-                            and any(t.system_id == s.system_id for t in tasks)}))
+    asked = {task.system_id for task in tasks}
+    needing = tuple(sorted({s.task for s in chosen if s.task and s.system_id in asked}))
     return JudgePlan(tasks=tasks, skipped=skipped, already_judged=already, not_generated=not_generated,
                      ruled=ruled, benchmark="mteval", judge_tasks=needing)
 
