@@ -219,34 +219,161 @@ def plot_radar_csr_by_type(
         return _save(plt, fig, base, formats, caught)
 
 
+GROUP_COLORS = {"dependent": "#4C72B0", "parallel": "#DD8452"}
+GROUP_NAMES = {"dependent": "multi-turn dependent", "parallel": "multi-turn parallel"}
+
+
+def _panel_grid(plt: Any, n: int, width: float = 4.4, height: float = 3.4, max_cols: int = 3) -> tuple[Any, list[Any]]:
+    """A figure of ``n`` panels sharing the y axis, ``max_cols`` per row; unused slots are hidden."""
+    cols = max(1, min(max_cols, n))
+    rows = max(1, math.ceil(n / cols))
+    if cols == 1:
+        width = max(width, 6.5)  # one panel carries the figure's title and legend alone
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols + 0.6, height * rows + 1.3), sharey=True, squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
 def plot_gt_history_gain(
     labels: Sequence[str],
-    gains: Sequence[Sequence[float | None]],
+    gains_by_group: Sequence[dict[str, Sequence[float | None]]],
     base: Path,
     formats: Sequence[str],
 ) -> Drawn:
-    """Grouped bars: per turn, the ISR gain (points) of ground-truth history, one bar per model."""
+    """Per model, the ISR gain (points) of ground-truth history per turn, dependent and parallel sessions apart.
+
+    As the paper's Figure 5: turn 1 has no history, so its gain is noise; the dashed lines at
+    ±|ΔT1| (each group's own turn-1 gain) are that noise band for the later turns.
+    """
     plt = _pyplot()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        n_turns = max((len(g) for g in gains), default=5)
-        n_models = max(1, len(labels))
-        width = 0.8 / n_models
-        styles = _style_cycle(n_models)
-        fig, ax = plt.subplots(figsize=(max(8.0, 1.6 * n_turns + 0.25 * n_models), 5))
-        for i, (label, row, style) in enumerate(zip(labels, gains, styles)):
-            xs = [t + (i - (n_models - 1) / 2) * width for t in range(1, n_turns + 1)]
-            heights = [0.0 if v is None else v for v in row]
-            ax.bar(xs, heights, width=width * 0.95, color=style["color"], label=label)
-        ax.axhline(0.0, color="black", linewidth=0.8)
-        ax.set_xticks(list(range(1, n_turns + 1)))
-        ax.set_xticklabels([f"Turn {t}" for t in range(1, n_turns + 1)])
-        ax.set_ylabel("ISR gain with ground-truth history (points)")
-        ax.set_title("Ground-truth history vs. the model's own history, per turn\n"
-                     "(turn 1 has no history, so its gain should be about zero)", fontsize=11)
-        ax.grid(axis="y", alpha=0.3)
-        ax.set_axisbelow(True)
-        ax.spines[["top", "right"]].set_visible(False)
-        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=9, frameon=False, title="model")
-        fig.tight_layout()
+        fig, axes = _panel_grid(plt, len(labels))
+        width = 0.38
+        for ax, label, by_group in zip(axes, labels, gains_by_group):
+            n_turns = max((len(v) for v in by_group.values()), default=5)
+            turns = list(range(1, n_turns + 1))
+            for offset, group in ((-width / 2, "dependent"), (width / 2, "parallel")):
+                values = list(by_group.get(group) or [])
+                heights = [0.0 if v is None else v for v in values]
+                ax.bar([t + offset for t in turns[: len(heights)]], heights, width=width * 0.95,
+                       color=GROUP_COLORS[group], label=f"{GROUP_NAMES[group]} sessions")
+                first = values[0] if values else None
+                if first is not None:
+                    band = abs(first)
+                    for sign in (1, -1):
+                        ax.axhline(sign * band, color=GROUP_COLORS[group], linestyle="--" if group == "dependent" else ":",
+                                   linewidth=1.3, label=f"±|ΔT1| {group}" if sign == 1 else None)
+            ax.axhline(0.0, color="black", linewidth=0.8)
+            ax.set_xticks(turns)
+            ax.set_xticklabels([f"T{t}" for t in turns])
+            ax.set_title(label, fontsize=11)
+            ax.grid(axis="y", alpha=0.3)
+            ax.set_axisbelow(True)
+            ax.spines[["top", "right"]].set_visible(False)
+        for ax in axes[:: max(1, min(3, len(axes)))]:
+            ax.set_ylabel("ISR gain (points)")
+        handles, names = axes[0].get_legend_handles_labels() if axes else ([], [])
+        # Bars (the gains) first, then their noise lines.
+        order = sorted(range(len(names)), key=lambda i: (names[i].startswith("±"), i))
+        fig.legend([handles[i] for i in order], [names[i] for i in order], loc="lower center", ncol=4, fontsize=9,
+                   frameon=False, bbox_to_anchor=(0.5, 0.0))
+        fig.suptitle("ISR gain per turn with ground-truth history instead of the model's own\n"
+                     "dashed lines: ±|ΔT1|, the turn-1 gain (turn 1 has no history, so it is noise)", fontsize=11)
+        fig.tight_layout(rect=(0, 0.5 / fig.get_figheight(), 1, 1))  # room for the legend below
+        return _save(plt, fig, base, formats, caught)
+
+
+# Line style per kind of run in the history-ablation figure (distractor runs share a style, darker with more turns).
+KIND_STYLES = {
+    "model": {"color": "#1f4e79", "linestyle": "-", "marker": "o"},
+    "reference": {"color": "#2ca02c", "linestyle": "-", "marker": "s"},
+    "single-turn": {"color": "#ff7f0e", "linestyle": "--", "marker": "^"},
+    "distractor": {"color": "#7b4fa0", "linestyle": ":", "marker": "D"},
+}
+
+
+def plot_history_ablation_isr(
+    panels: Sequence[tuple[str, Sequence[tuple[str, str, Sequence[float | None]]]]],
+    base: Path,
+    formats: Sequence[str],
+) -> Drawn:
+    """Per model, ISR (%) per turn of its runs under each history ablation, in one figure.
+
+    ``panels``: (model, [(kind name for the legend, style key of KIND_STYLES, ISR per turn in %)]).
+    """
+    plt = _pyplot()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fig, axes = _panel_grid(plt, len(panels))
+        values = [v for _, lines in panels for _, _, row in lines for v in row if v is not None]
+        low = max(0.0, math.floor((min(values, default=0.0) - 5.0) / 10.0) * 10.0)
+        legend: dict[str, Any] = {}
+        for ax, (model, lines) in zip(axes, panels):
+            distractors = [name for name, key, _ in lines if key == "distractor"]
+            for name, key, row in lines:
+                style = dict(KIND_STYLES.get(key, KIND_STYLES["model"]))
+                if key == "distractor" and len(distractors) > 1:
+                    shade = 0.55 + 0.4 * distractors.index(name) / (len(distractors) - 1)
+                    style["color"] = plt.get_cmap("Purples")(shade)
+                points = [(t, v) for t, v in enumerate(row, start=1) if v is not None]
+                if not points:
+                    continue
+                (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], linewidth=1.8, markersize=5,
+                                  label=name, **style)
+                legend.setdefault(name, line)
+            n_turns = max((len(row) for _, _, row in lines), default=5)
+            ax.set_xticks(range(1, n_turns + 1))
+            ax.set_xticklabels([f"T{t}" for t in range(1, n_turns + 1)])
+            ax.set_ylim(low, 100)
+            ax.set_title(model, fontsize=11)
+            ax.grid(alpha=0.3)
+            ax.spines[["top", "right"]].set_visible(False)
+        for ax in axes[:: max(1, min(3, len(axes)))]:
+            ax.set_ylabel("ISR (%)")
+        fig.legend(list(legend.values()), list(legend.keys()), loc="lower center", ncol=min(5, max(1, len(legend))),
+                   fontsize=9, frameon=False, bbox_to_anchor=(0.5, 0.0))
+        fig.suptitle("ISR per turn under history ablations", fontsize=11)
+        fig.tight_layout(rect=(0, 0.5 / fig.get_figheight(), 1, 1))  # room for the legend below
+        return _save(plt, fig, base, formats, caught)
+
+
+def plot_mteval_by_turn(
+    categories: Sequence[str],
+    rows: Sequence[tuple[str, dict[str, Sequence[float | None]]]],
+    base: Path,
+    formats: Sequence[str],
+) -> Drawn:
+    """MT-Eval: per category, the mean score (0-10) at each answered-turn index, one line per leaderboard row."""
+    plt = _pyplot()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fig, axes = _panel_grid(plt, len(categories), max_cols=4, width=4.0)
+        styles = _style_cycle(len(rows))
+        legend: dict[str, Any] = {}
+        for ax, category in zip(axes, categories):
+            longest = 1
+            for (label, by_category), style in zip(rows, styles):
+                row = by_category.get(category) or []
+                points = [(k, v) for k, v in enumerate(row, start=1) if v is not None]
+                if not points:
+                    continue
+                longest = max(longest, len(row))
+                (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], linewidth=1.6, markersize=4,
+                                  label=label, **style)
+                legend.setdefault(label, line)
+            ax.set_xticks(range(1, longest + 1))
+            ax.set_ylim(0, 10.3)
+            ax.set_xlabel("answered turn")
+            ax.set_title(category.capitalize(), fontsize=11)
+            ax.grid(alpha=0.3)
+            ax.spines[["top", "right"]].set_visible(False)
+        if axes:
+            axes[0].set_ylabel("score (0-10)")
+        fig.legend(list(legend.values()), list(legend.keys()), loc="lower center", ncol=min(4, max(1, len(legend))),
+                   fontsize=9, frameon=False, bbox_to_anchor=(0.5, 0.0))
+        fig.suptitle("MT-Eval: score by answered turn", fontsize=11)
+        fig.tight_layout(rect=(0, (0.3 + 0.25 * math.ceil(len(legend) / 4)) / fig.get_figheight(), 1, 1))
         return _save(plt, fig, base, formats, caught)

@@ -1,22 +1,27 @@
-"""The judge stage: verify every generated turn against its checklist.
+"""The judge stage: verify every generated turn against its checklist, or score it (MT-Eval).
 
 ``sysbench-gpu judge RUN_DIR --judge {openai,vllm,hf} --judge-model NAME`` fills
 ``judgments.jsonl`` for every generated turn that has no judgment yet (the command
 line is ``judge_cli.py``), and ``sysbench-gpu judge agreement RUN_A RUN_B`` compares
 two runs' verdicts (see ``agreement.py``). docs/judge.md describes the prompt,
-parsing and retry rules.
+parsing and retry rules. The work is split by job: ``judge_plan`` (what to ask),
+``judge_rounds`` (asking: attempts, ledger, cache, records), this module (the stage:
+lock, consistency, manifest, dry run). MT-Eval runs are planned by
+``mteval.scoring``: 1-10 judge tasks go through the same rounds, rule-scored turns
+need no judge at all (``judge RUN`` with no judge options scores them).
 
 Guarantees:
 
 - Session metadata (system prompt, checklist, types) comes from the run's own
   ``sessions.json``; the history shown to the judge is the run's own earlier turns
   (the model's replies, or the references when the run was generated with
-  reference history).
-- Every generated turn ends with exactly one record: ``ok`` verdicts, ``unparsed``
-  (every attempt failed; the last reply and the failure reasons are kept) or
-  ``skipped`` (the turn has no response, so it is never judged as a pass).
-- Replies are parsed without eval (``judge_parse``). Attempt ``i`` of ``n`` runs at
-  temperature 0 while ``i < n / 2`` and at 0.5 after (upstream's schedule).
+  reference history; none for a single-turn run).
+- Every generated turn ends with exactly one record: ``ok`` verdicts (or an MT-Eval
+  score), ``unparsed`` (every attempt failed; the last reply and the failure reasons
+  are kept) or ``skipped`` (the turn has no response, so it is never judged as a pass).
+- Replies are parsed without eval (``judge_parse``, ``mteval.judge_prompt``). Attempt
+  ``i`` of ``n`` runs at temperature 0 while ``i < n / 2`` and at 0.5 after
+  (upstream's schedule).
 - Records are appended as they complete, replies are cached by content
   (``judge_cache``), so an interrupted run resumes without asking twice; every
   reply is counted in the ledger's journal before it is cached (``judge_ledger``),
@@ -29,468 +34,116 @@ Guarantees:
 
 from __future__ import annotations
 
-import logging
 import sys
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from dataclasses import asdict, replace
+from typing import Any, Callable, Sequence
 
-from sysbench_gpu.data import Constraint, Session, SessionIds, select_sessions
-from sysbench_gpu.engines.base import ChatMessage, Completion, SamplingSpec
+from sysbench_gpu.data import Session, SessionIds, select_sessions
 from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.judge_cache import CacheEntryError, CachedReply, JudgeCache, cache_key
-from sysbench_gpu.judge_ledger import LEDGER, LEDGER_JOURNAL, JudgeLedger, PaidReply, estimate_cost, estimate_tokens
-from sysbench_gpu.judge_parse import parse_reply
-from sysbench_gpu.judge_prompt import HistoryMessage, JudgeTemplate, render_prompt, verdict_schema
+from sysbench_gpu.judge_cache import JudgeCache
+from sysbench_gpu.judge_ledger import LEDGER, LEDGER_JOURNAL, JudgeLedger, estimate_cost, estimate_tokens
+from sysbench_gpu.judge_plan import (
+    JudgePlan,
+    JudgeTask,
+    build_history,
+    generated_history_mode,
+    imported_history_mode,
+    plan_judging,
+)
 from sysbench_gpu.judge_rejudge import RETRIED, set_aside_unparsed, unparsed_keys
+from sysbench_gpu.judge_rounds import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_MAX_TOKENS,
+    RETRY_TEMPERATURES,
+    JudgeSettings,
+    JudgeSummary,
+    Recorder,
+    cache_lookup,
+    judge_tasks_api,
+    judge_tasks_batched,
+    temperature_for,
+)
 from sysbench_gpu.locks import stage_lock
-from sysbench_gpu.runstore import JUDGMENTS, MANIFEST, GenerationRecord, JudgmentRecord, RunDir, utc_now
+from sysbench_gpu.runstore import JUDGMENTS, MANIFEST, RunDir, utc_now
 
-log = logging.getLogger(__name__)
+__all__ = [
+    "DEFAULT_MAX_RETRIES", "DEFAULT_MAX_TOKENS", "JUDGE_BACKENDS", "LEDGER", "STAGE", "JudgePlan", "JudgeSettings",
+    "JudgeSummary", "JudgeTask", "build_history", "dry_run_report", "judge_run", "plan_judging", "temperature_for",
+]
 
 JUDGE_BACKENDS = ("openai", "vllm", "hf")
 STAGE = "judge"
-DEFAULT_MAX_RETRIES = 10
-DEFAULT_MAX_TOKENS = 1024
-RETRY_TEMPERATURES = (0.0, 0.5)  # first half of the attempts, second half
-
-
-# ----------------------------------------------------------------------------- plan
-
-
-@dataclass(frozen=True)
-class JudgeTask:
-    """One (session, turn) to judge, with its rendered prompt."""
-
-    system_id: int
-    turn: int
-    prompt: str
-    constraints: tuple[Constraint, ...]
-
-    @property
-    def key(self) -> tuple[int, int]:
-        return (self.system_id, self.turn)
-
-    @property
-    def label(self) -> str:
-        return f"session {self.system_id}, turn {self.turn}"
-
-    @property
-    def numbers(self) -> tuple[int, ...]:
-        return tuple(c.id for c in self.constraints)
-
-    def messages(self) -> list[ChatMessage]:
-        return [{"role": "user", "content": self.prompt}]
-
-
-@dataclass
-class JudgePlan:
-    tasks: list[JudgeTask]
-    skipped: list[JudgmentRecord]  # turns without a response, recorded as such
-    already_judged: int
-    not_generated: int  # turns of the chosen sessions with no generation record yet
-
-
-def build_history(
-    session: Session, turn_index: int, generations: dict[tuple[int, int], GenerationRecord], mode: str
-) -> list[HistoryMessage]:
-    """The earlier rounds as the model saw them: its own replies, or references in ``reference`` mode."""
-    history: list[HistoryMessage] = []
-    for earlier in session.turns[: turn_index - 1]:
-        history.append(HistoryMessage("user", earlier.user))
-        record = generations.get((session.system_id, earlier.index))
-        generated = record.response if record is not None else None
-        if mode == "reference" and earlier.reference is not None:
-            reply = earlier.reference
-        else:
-            # Model history, or a reference the data lacks: what the model itself said.
-            reply = generated if generated is not None else ""
-        history.append(HistoryMessage("assistant", reply))
-    return history
-
-
-def plan_judging(
-    sessions: Sequence[Session],
-    generations: dict[tuple[int, int], GenerationRecord],
-    judged: set[tuple[int, int]],
-    template: JudgeTemplate,
-    limit: int | None = None,
-    judge_model: str | None = None,
-    imported_history: str = "model",
-    system_ids: Sequence[int] | None = None,
-) -> JudgePlan:
-    """Tasks for the first ``limit`` sessions; ``imported_history`` is the history mode of imported turns."""
-    chosen = select_sessions(sessions, system_ids, limit, source="sessions.json of this run")
-    tasks: list[JudgeTask] = []
-    skipped: list[JudgmentRecord] = []
-    already = not_generated = 0
-    for session in chosen:
-        for turn in session.turns:
-            key = (session.system_id, turn.index)
-            if key in judged:
-                already += 1
-                continue
-            record = generations.get(key)
-            if record is None:
-                not_generated += 1
-                continue
-            if record.response is None or record.status != "ok":
-                skipped.append(
-                    JudgmentRecord(
-                        system_id=session.system_id,
-                        turn=turn.index,
-                        verdicts={},
-                        parse_status="skipped",
-                        judge_model=judge_model,
-                        template_hash=template.sha256,
-                        attempts=0,
-                        extra={"reason": f"generation status {record.status!r}, overflow {record.overflow!r}"},
-                    )
-                )
-                continue
-            mode = imported_history if record.history == "upstream" else record.history
-            history = build_history(session, turn.index, generations, mode)
-            prompt = render_prompt(template, session, turn.index, history, record.response)
-            tasks.append(JudgeTask(session.system_id, turn.index, prompt, turn.constraints))
-    return JudgePlan(tasks=tasks, skipped=skipped, already_judged=already, not_generated=not_generated)
-
-
-def imported_history_mode(run: RunDir) -> str:
-    """How an imported run's model saw earlier turns (``import-upstream`` records it per run)."""
-    section = run.read_manifest().get("stages", {}).get("import", {})
-    mode = section.get("history")
-    return mode if mode in ("model", "reference") else "model"
-
-
-def temperature_for(attempt: int, max_retries: int) -> float:
-    """Upstream's schedule: attempts (0-based) in the first half at 0, the rest at 0.5."""
-    return RETRY_TEMPERATURES[0] if attempt < max_retries / 2 else RETRY_TEMPERATURES[1]
-
-
-# ----------------------------------------------------------------------------- judging
-
-
-@dataclass
-class JudgeSettings:
-    backend: str  # openai | vllm | hf
-    model: str
-    template: JudgeTemplate
-    max_retries: int = DEFAULT_MAX_RETRIES
-    max_tokens: int | None = DEFAULT_MAX_TOKENS
-    seed: int | None = None
-    max_reasoning_chars: int | None = 2000  # guided decoding only
-    cache_dir: Path | None = None  # None: no cache
-    concurrency: int = 8
-    retry_round: int = 0  # > 0 after --retry-unparsed: new cache keys, so failed questions are asked anew
-
-    def sampling(self, attempt: int, numbers: Sequence[int] | None = None) -> SamplingSpec:
-        schema = None
-        if self.backend == "vllm" and numbers is not None:
-            schema = verdict_schema(numbers, self.template.language, self.max_reasoning_chars)
-        return SamplingSpec(
-            max_tokens=self.max_tokens,
-            temperature=temperature_for(attempt, self.max_retries),
-            seed=self.seed,
-            json_schema=schema,
-        )
-
-
-@dataclass
-class _TaskState:
-    """What the attempts of one task have produced so far."""
-
-    task: JudgeTask
-    attempts: int = 0
-    failures: list[str] = field(default_factory=list)
-    last_reply: str | None = None
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    cached_replies: int = 0
-    record: JudgmentRecord | None = None
-
-    def take(self, reply: Completion | CachedReply, from_cache: bool, settings: JudgeSettings) -> bool:
-        """Parse one reply; True when the task is done (a record was made)."""
-        self.attempts += 1
-        self.last_reply = reply.text
-        self.prompt_tokens += reply.prompt_tokens or 0
-        self.output_tokens += reply.output_tokens or 0
-        self.cached_replies += int(from_cache)
-        parsed = parse_reply(reply.text, self.task.constraints)
-        if parsed.ok:
-            self.record = self._record(settings, "ok", parsed.verdicts, parsed.reasoning, repaired=parsed.repaired)
-            return True
-        reason = parsed.error or "unparsable"
-        if reply.finish_reason == "length":
-            reason += " (reply cut at max_tokens)"
-        self.failures.append(f"attempt {self.attempts}: {reason}")
-        if self.attempts >= settings.max_retries:
-            self.record = self._record(settings, "unparsed", {}, None)
-            return True
-        return False
-
-    def give_up(self, settings: JudgeSettings, reason: str) -> None:
-        self.failures.append(reason)
-        self.record = self._record(settings, "unparsed", {}, None)
-
-    def _record(self, settings: JudgeSettings, status: str, verdicts: dict, reasoning: str | None, repaired: bool = False) -> JudgmentRecord:
-        extra: dict[str, Any] = {
-            "judge": settings.backend,
-            "prompt_tokens": self.prompt_tokens,
-            "output_tokens": self.output_tokens,
-        }
-        if self.failures:
-            extra["failures"] = list(self.failures)
-        if self.cached_replies:
-            extra["cached_replies"] = self.cached_replies
-        if repaired:
-            extra["repaired_json"] = True
-        return JudgmentRecord(
-            system_id=self.task.system_id,
-            turn=self.task.turn,
-            verdicts=verdicts,
-            parse_status=status,
-            reasoning=reasoning,
-            judge_model=settings.model,
-            template_hash=settings.template.sha256,
-            raw_reply=self.last_reply,
-            attempts=self.attempts,
-            extra=extra,
-        )
-
-
-@dataclass
-class JudgeSummary:
-    judged: int = 0
-    unparsed: int = 0
-    skipped: int = 0
-    already_judged: int = 0
-    not_generated: int = 0
-    requests: int = 0
-    cache_hits: int = 0
-    retried_unparsed: int = 0  # unparsed records set aside by --retry-unparsed
-    api_errors: list[str] = field(default_factory=list)
-
-
-class _Recorder:
-    """Where finished work goes: records, the ledger and the cache; nothing at all when ``writes`` is False.
-
-    ``paid`` counts replies in the ledger's journal *before* caching them, so a
-    cached reply has always been counted (see ``judge_ledger``).
-    """
-
-    def __init__(
-        self, run: RunDir, ledger: JudgeLedger, summary: JudgeSummary, cache: JudgeCache | None, writes: bool
-    ) -> None:
-        self.run = run
-        self.ledger = ledger
-        self.summary = summary
-        self.cache = cache
-        self.writes = writes
-
-    def write(self, records: Iterable[JudgmentRecord]) -> None:
-        """Append finished records (main thread only)."""
-        records = list(records)
-        if not records:
-            return
-        if self.writes:
-            self.run.judgments.append(records)
-        for record in records:
-            if record.parse_status == "ok":
-                self.summary.judged += 1
-            elif record.parse_status == "unparsed":
-                self.summary.unparsed += 1
-            elif record.parse_status == "skipped":
-                self.summary.skipped += 1
-        self.ledger.save()
-
-    def paid(self, arrived: Sequence[tuple[JudgeTask, int, str | None, CachedReply]]) -> None:
-        """Replies that just came back, as (task, attempt, cache key, reply): counted, then cached."""
-        self.ledger.paid([PaidReply(r.prompt_tokens, r.output_tokens, t.label, attempt) for t, attempt, _, r in arrived])
-        if self.writes and self.cache is not None:
-            for _, _, key, reply in arrived:
-                if key is not None:
-                    self.cache.put(key, reply)
-
-    def hits(self, count: int) -> None:
-        self.ledger.cache_hits(count)
-
-
-def _cache_lookup(cache: JudgeCache | None, settings: JudgeSettings, task: JudgeTask, sampling: SamplingSpec, attempt: int) -> tuple[str | None, CachedReply | None]:
-    if cache is None:
-        return None, None
-    key = cache_key(
-        settings.backend,
-        settings.model,
-        settings.template.sha256,
-        task.prompt,
-        {**sampling.explicit(), "attempt": attempt, **({"retry_round": settings.retry_round} if settings.retry_round else {})},
-    )
-    return key, cache.get(key)
-
-
-def _to_cached(completion: Completion) -> CachedReply:
-    return CachedReply(
-        text=completion.text,
-        prompt_tokens=completion.prompt_tokens,
-        output_tokens=completion.output_tokens,
-        finish_reason=completion.finish_reason,
-    )
-
-
-def judge_tasks_api(
-    tasks: Sequence[JudgeTask],
-    engine: Any,
-    settings: JudgeSettings,
-    cache: JudgeCache | None,
-    recorder: _Recorder,
-    progress: Any = None,
-) -> None:
-    """One task per worker thread (bounded), each running its own attempt loop via ``chat_one``."""
-
-    def run_one(task: JudgeTask) -> tuple[_TaskState, SysbenchError | None]:
-        state = _TaskState(task)
-        try:
-            _attempts(task, state)
-        except CacheEntryError:
-            raise  # not a request that failed: stop the run and name the file
-        except SysbenchError as error:
-            return state, error
-        return state, None
-
-    def _attempts(task: JudgeTask, state: _TaskState) -> None:
-        while state.record is None:
-            attempt = state.attempts
-            sampling = settings.sampling(attempt, task.numbers)
-            key, cached = _cache_lookup(cache, settings, task, sampling, attempt)
-            if cached is None:
-                completion = engine.chat_one(task.messages(), sampling, request_id=task.label)
-                cached = _to_cached(completion)
-                recorder.paid([(task, attempt, key, cached)])
-                state.take(cached, False, settings)
-            else:
-                recorder.hits(1)
-                state.take(cached, True, settings)
-
-    queue = list(tasks)
-    running: dict[Future, JudgeTask] = {}
-    failed = False
-    with ThreadPoolExecutor(max_workers=max(1, settings.concurrency), thread_name_prefix="judge") as pool:
-        while queue or running:
-            while queue and not failed and len(running) < settings.concurrency:
-                task = queue.pop(0)
-                running[pool.submit(run_one, task)] = task
-            if not running:
-                break
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                task = running.pop(future)
-                state, error = future.result()
-                if error is not None:
-                    # Bounded retries are spent: start nothing new, let running tasks finish.
-                    # The turn gets no record, so a rerun asks again (earlier replies come from the cache).
-                    recorder.summary.api_errors.append(f"{task.label}: {error}")
-                    failed = True
-                    recorder.ledger.save()
-                    continue
-                recorder.write([state.record])
-                if progress is not None:
-                    progress.update(1)
-            if failed:
-                queue.clear()
-
-
-def judge_tasks_batched(
-    tasks: Sequence[JudgeTask],
-    engine: Any,
-    settings: JudgeSettings,
-    cache: JudgeCache | None,
-    recorder: _Recorder,
-    progress: Any = None,
-) -> None:
-    """Local judges: every pending prompt in one ``engine.chat`` per round (per schema on vllm)."""
-    states = [_TaskState(task) for task in tasks]
-    pending = _drop_overlong(states, engine, settings, recorder, progress)
-    for attempt in range(settings.max_retries):
-        if not pending:
-            break
-        replies: dict[int, tuple[CachedReply, bool]] = {}
-        to_ask: dict[tuple[int, ...] | None, list[tuple[int, str | None]]] = {}
-        for index, state in enumerate(pending):
-            sampling = settings.sampling(attempt, state.task.numbers)
-            key, cached = _cache_lookup(cache, settings, state.task, sampling, attempt)
-            if cached is not None:
-                replies[index] = (cached, True)
-            else:
-                # Guided decoding needs one schema per call: group by checklist numbers.
-                group = state.task.numbers if sampling.json_schema is not None else None
-                to_ask.setdefault(group, []).append((index, key))
-        for group, members in to_ask.items():
-            sampling = settings.sampling(attempt, group)
-            log.info("judge round %d: %d prompt(s) at temperature %s", attempt + 1, len(members), sampling.temperature)
-            completions = engine.chat([pending[i].task.messages() for i, _ in members], sampling)
-            if len(completions) != len(members):
-                raise SysbenchError(f"{settings.backend} engine returned {len(completions)} replies for {len(members)} prompts")
-            arrived = []
-            for (index, key), completion in zip(members, completions):
-                reply = _to_cached(completion)
-                replies[index] = (reply, False)
-                arrived.append((pending[index].task, attempt, key, reply))
-            recorder.paid(arrived)
-        recorder.hits(sum(1 for _, from_cache in replies.values() if from_cache))
-        still: list[_TaskState] = []
-        finished: list[JudgmentRecord] = []
-        for index, state in enumerate(pending):
-            reply, from_cache = replies[index]
-            if state.take(reply, from_cache, settings):
-                finished.append(state.record)
-            else:
-                still.append(state)
-        recorder.write(finished)
-        if progress is not None:
-            progress.update(len(finished))
-        pending = still
-
-
-def _drop_overlong(states: list[_TaskState], engine: Any, settings: JudgeSettings, recorder: _Recorder, progress: Any) -> list[_TaskState]:
-    """Prompts that cannot fit the local judge's context are recorded unparsed, not truncated."""
-    context = engine.context_length()
-    if not context:
-        return states
-    room = settings.max_tokens or 0
-    keep: list[_TaskState] = []
-    too_long: list[JudgmentRecord] = []
-    for state in states:
-        tokens = engine.count_prompt_tokens(state.task.messages())
-        if tokens is not None and tokens + room > context:
-            state.give_up(settings, f"judge prompt of {tokens} tokens + max_tokens {room} exceeds the context of {context}")
-            too_long.append(state.record)
-        else:
-            keep.append(state)
-    recorder.write(too_long)
-    if progress is not None and too_long:
-        progress.update(len(too_long))
-    return keep
+NEEDS_JUDGE = "--judge {openai,vllm,hf} and --judge-model NAME"
 
 
 def _check_consistent(existing: dict, settings: JudgeSettings, run: RunDir) -> None:
     """Refuse to mix judges or templates inside one run's judgments."""
+    allowed = settings.template_hashes()
     for record in existing.values():
         if record.parse_status in ("imported", "skipped") or record.judge_model is None:
             continue
-        if record.judge_model != settings.model or (record.template_hash and record.template_hash != settings.template.sha256):
+        if record.judge_model != settings.model or (record.template_hash and record.template_hash not in allowed):
+            # An MT-Eval record was made by one of the 1-10 templates, a SysBench one by the checklist template.
+            asked = settings.template.sha256[:12] if record.scorer is None else "/".join(
+                sorted(t.sha256[:12] for t in settings.score_templates.values()))
             raise SysbenchError(
                 f"{run.judgments.path}: session {record.system_id}, turn {record.turn} was judged by "
                 f"{record.judge_model!r} with template {str(record.template_hash)[:12]}; this run asks "
-                f"{settings.model!r} with template {settings.template.sha256[:12]}. "
+                f"{settings.model!r} with template {asked}. "
                 "Use --rejudge --out NEW_RUN_DIR to judge with another judge."
             )
 
 
+def with_score_templates(settings: JudgeSettings | None) -> JudgeSettings | None:
+    """``settings`` with every MT-Eval template kind filled in (the built-in ones where none was given)."""
+    if settings is None:
+        return None
+    from sysbench_gpu.mteval.scoring import builtin_score_templates
+
+    return replace(settings, score_templates={**builtin_score_templates(), **settings.score_templates})
+
+
+def plan_run(
+    run: RunDir,
+    sessions: Sequence[Session],
+    judged: set[tuple[int, int]],
+    settings: JudgeSettings | None,
+    limit: int | None,
+    system_ids: SessionIds | Sequence[int] | None,
+    generations: dict | None = None,
+) -> JudgePlan:
+    """The plan for this run's benchmark: SysBench checklists, or MT-Eval scores (judge and rules).
+
+    ``settings`` None (no judge options) is fine for an MT-Eval run whose pending turns are
+    all rule-scored; otherwise it is one line naming what needs the judge.
+    """
+    generations = run.generations.read() if generations is None else generations
+    if sessions and sessions[0].benchmark == "mteval":
+        from sysbench_gpu.mteval.scoring import builtin_score_templates, plan_mteval
+
+        templates = settings.score_templates if settings is not None else builtin_score_templates()
+        plan = plan_mteval(sessions, generations, judged, templates, limit,
+                           settings.model if settings is not None else None, system_ids)
+        if settings is None and plan.tasks:
+            tasks = ", ".join(plan.judge_tasks)
+            raise SysbenchError(
+                f"{run.path}: task {tasks} is scored by an LLM judge: pass {NEEDS_JUDGE} "
+                f"({len(plan.tasks)} turn(s) to score; the recollection tasks need no judge)"
+            )
+        return plan
+    if settings is None:
+        raise SysbenchError(f"judge needs {NEEDS_JUDGE} (a SysBench run is judged against its checklists)")
+    manifest = run.read_manifest()
+    return plan_judging(
+        sessions, generations, judged, settings.template, limit, settings.model, imported_history_mode(run),
+        system_ids, run_history=generated_history_mode(manifest),
+    )
+
+
 def judge_run(
     run: RunDir,
-    settings: JudgeSettings,
-    engine_factory: Callable[[], Any],
+    settings: JudgeSettings | None,
+    engine_factory: Callable[[], Any] | None,
     limit: int | None = None,
     show_progress: bool = True,
     system_ids: SessionIds | Sequence[int] | None = None,
@@ -500,6 +153,9 @@ def judge_run(
     lock: bool = True,
 ) -> JudgeSummary:
     """Judge every pending turn of ``run``; the engine is built only when there is work.
+
+    ``settings`` and ``engine_factory`` None: no judge model, for MT-Eval runs whose
+    turns are scored by rules (recollection); anything that needs a judge is refused.
 
     ``retry_unparsed`` first sets the chosen sessions' ``unparsed`` records aside
     (into ``judgments.retried.jsonl``) and asks those turns again under a new cache
@@ -513,13 +169,14 @@ def judge_run(
     """
     run.require()
     with stage_lock(run.path, STAGE, enabled=lock and primary):
-        return _judge_run(run, settings, engine_factory, limit, show_progress, system_ids, retry_unparsed, primary)
+        return _judge_run(run, with_score_templates(settings), engine_factory, limit, show_progress, system_ids,
+                          retry_unparsed, primary)
 
 
 def _judge_run(
     run: RunDir,
-    settings: JudgeSettings,
-    engine_factory: Callable[[], Any],
+    settings: JudgeSettings | None,
+    engine_factory: Callable[[], Any] | None,
     limit: int | None,
     show_progress: bool,
     system_ids: SessionIds | Sequence[int] | None,
@@ -529,38 +186,40 @@ def _judge_run(
     sessions = run.load_sessions()
     generations = run.generations.read()
     existing = run.judgments.read()
-    _check_consistent(existing, settings, run)
+    if settings is not None:
+        _check_consistent(existing, settings, run)
     retry: set[tuple[int, int]] = set()
     if retry_unparsed:
         chosen = {s.system_id for s in select_sessions(sessions, system_ids, limit, source=run.sessions_path)}
         retry = unparsed_keys(run, chosen)
-        if retry:
+        if retry and settings is None:
+            raise SysbenchError(f"--retry-unparsed asks the judge again: pass {NEEDS_JUDGE}")
+        if retry and settings is not None:
             previous = run.stage_section(STAGE).get("retry_rounds", 0)
             settings = replace(settings, retry_round=int(previous) + 1)
             existing = {k: r for k, r in existing.items() if k not in retry}
-    plan = plan_judging(
-        sessions, generations, set(existing), settings.template, limit, settings.model, imported_history_mode(run), system_ids
-    )
-    cache = JudgeCache(settings.cache_dir) if settings.cache_dir is not None else None
-    ledger = JudgeLedger.load(run.path, settings.model, writes=False)
+    plan = plan_run(run, sessions, set(existing), settings, limit, system_ids, generations)
+    cache = JudgeCache(settings.cache_dir) if settings is not None and settings.cache_dir is not None else None
+    ledger = JudgeLedger.load(run.path, settings.model if settings is not None else "", writes=False)
     if primary:
         # Before a model loads or a request is paid for: can every file of this stage be written?
         run.ensure_writable([JUDGMENTS, LEDGER, LEDGER_JOURNAL, RETRIED, MANIFEST])
         if cache is not None:
             cache.check_writable()
-    engine = engine_factory() if plan.tasks else None
+    engine = engine_factory() if plan.tasks and engine_factory is not None else None
     writes = primary and bool(getattr(engine, "is_primary", True))
     summary = JudgeSummary(already_judged=plan.already_judged, not_generated=plan.not_generated)
     if writes:
         summary.retried_unparsed = set_aside_unparsed(run, retry)
-        ledger.start_writing()
-    recorder = _Recorder(run, ledger, summary, cache, writes)
+        if settings is not None:
+            ledger.start_writing()
+    recorder = Recorder(run, ledger, summary, cache, writes)
     started = utc_now()
     before = ledger.current()
     engine_info: dict[str, Any] = {}
     try:
-        recorder.write(plan.skipped)
-        if engine is not None:
+        recorder.write(plan.finished())
+        if engine is not None and settings is not None:
             if writes:
                 run.update_manifest(stage=STAGE, status="running", started=started)
             from tqdm import tqdm
@@ -580,8 +239,11 @@ def _judge_run(
     summary.cache_hits = after.cache_hits - before.cache_hits
     if writes:
         ledger.save()
-        _write_manifest(run, settings, summary, engine_info, started, limit, system_ids, ledger)
-        if retry:
+        if settings is not None:
+            _write_manifest(run, settings, summary, engine_info, started, limit, system_ids, ledger, plan)
+        else:
+            _write_rules_manifest(run, summary, started, limit, system_ids)
+        if retry and settings is not None:
             run.update_manifest(stage=STAGE, retry_rounds=settings.retry_round)
     if summary.api_errors:
         first = summary.api_errors[0]
@@ -590,6 +252,17 @@ def _judge_run(
             f"{summary.judged + summary.unparsed} turn(s) finished in this call are saved; rerun the same command to resume"
         )
     return summary
+
+
+def _statuses(run: RunDir) -> tuple[dict[str, int], list[str]]:
+    """Judgments by parse status, and the scorers of the run's scored records."""
+    statuses: dict[str, int] = {}
+    scorers: set[str] = set()
+    for record in run.judgments.read().values():
+        statuses[record.parse_status] = statuses.get(record.parse_status, 0) + 1
+        if record.scorer is not None:
+            scorers.add(record.scorer)
+    return statuses, sorted(scorers)
 
 
 def _write_manifest(
@@ -601,20 +274,29 @@ def _write_manifest(
     limit: int | None,
     system_ids: SessionIds | Sequence[int] | None,
     ledger: JudgeLedger,
+    plan: JudgePlan,
 ) -> None:
-    judgments = run.judgments.read()
-    statuses: dict[str, int] = {}
-    for record in judgments.values():
-        statuses[record.parse_status] = statuses.get(record.parse_status, 0) + 1
+    statuses, scorers = _statuses(run)
     fields: dict[str, Any] = {
         "status": "stopped" if summary.api_errors else "complete",
         "backend": settings.backend,
         "judge_model": settings.model,
-        "template": {
+    }
+    if plan.benchmark == "mteval":
+        kinds = sorted({task.score_kind for task in plan.tasks if task.score_kind})
+        fields["score_templates"] = {
+            kind: {"name": settings.score_templates[kind].name, "sha256": settings.score_templates[kind].sha256}
+            for kind in kinds
+        }
+        fields["score_scale"] = "integer 1-10 from the judge; rule-scored turns 0 or 10"
+        fields["scorers"] = scorers
+    else:
+        fields["template"] = {
             "name": settings.template.name,
             "language": settings.template.language,
             "sha256": settings.template.sha256,
-        },
+        }
+    fields.update({
         "max_retries": settings.max_retries,
         "temperature_schedule": f"attempt i of n at {RETRY_TEMPERATURES[0]} while i < n/2, else {RETRY_TEMPERATURES[1]}",
         "max_tokens": settings.max_tokens,
@@ -627,9 +309,33 @@ def _write_manifest(
         "last_call": {"started": started, "finished": utc_now(), **asdict(summary)},
         "judgments_by_status": statuses,
         "ledger": ledger.summary(),
-    }
+    })
     if engine_info:
         fields["engine"] = engine_info
+    run.update_manifest(stage=STAGE, **fields)
+
+
+def _write_rules_manifest(
+    run: RunDir,
+    summary: JudgeSummary,
+    started: str,
+    limit: int | None,
+    system_ids: SessionIds | Sequence[int] | None,
+) -> None:
+    """An MT-Eval run scored by rules alone; an earlier judge's backend and model are left as they are."""
+    statuses, scorers = _statuses(run)
+    section = run.stage_section(STAGE)
+    fields: dict[str, Any] = {
+        "status": "complete",
+        "scorers": scorers,
+        "score_scale": "rule-scored turns 0 or 10",
+        "limit_sessions": limit,
+        "system_ids": list(system_ids) if system_ids is not None else None,
+        "last_call": {"started": started, "finished": utc_now(), **asdict(summary)},
+        "judgments_by_status": statuses,
+    }
+    if "backend" not in section:
+        fields.update(backend="rules", judge_model=None)
     run.update_manifest(stage=STAGE, **fields)
 
 
@@ -637,30 +343,33 @@ def _write_manifest(
 
 
 def dry_run_report(
-    run: RunDir, settings: JudgeSettings, limit: int | None, fresh: bool = False, system_ids: SessionIds | Sequence[int] | None = None
+    run: RunDir, settings: JudgeSettings | None, limit: int | None, fresh: bool = False,
+    system_ids: SessionIds | Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """What judging would send, without building an engine or sending anything.
 
     ``fresh``: as for a ``--rejudge`` copy, which starts with no judgments.
     """
     run.require()
+    settings = with_score_templates(settings)
     sessions = run.load_sessions()
-    generations = run.generations.read()
     existing = {} if fresh else run.judgments.read()
-    plan = plan_judging(
-        sessions, generations, set(existing), settings.template, limit, settings.model, imported_history_mode(run), system_ids
-    )
-    cache = JudgeCache(settings.cache_dir) if settings.cache_dir is not None else None
-    to_send = [t for t in plan.tasks if _cache_lookup(cache, settings, t, settings.sampling(0, t.numbers), 0)[1] is None]
+    plan = plan_run(run, sessions, set(existing), settings, limit, system_ids)
+    cache = JudgeCache(settings.cache_dir) if settings is not None and settings.cache_dir is not None else None
+    to_send = [t for t in plan.tasks if settings is not None
+               and cache_lookup(cache, settings, t, settings.sampling(0, t), 0)[1] is None]
     prompt_tokens = sum(estimate_tokens(t.prompt) for t in to_send)
-    # A reply: some reasoning per item plus the verdict map; a rough guess, said as such.
-    completion_tokens = sum(80 + 60 * len(t.constraints) for t in to_send)
+    # A reply: some reasoning per item plus the verdict map (or a rationale and a score); a rough guess, said as such.
+    completion_tokens = sum(150 if t.score_kind else 80 + 60 * len(t.constraints) for t in to_send)
+    backend = settings.backend if settings is not None else "rules"
+    model = settings.model if settings is not None else None
     return {
         "run": str(run.path),
-        "judge": settings.backend,
-        "judge_model": settings.model,
-        "template_sha256": settings.template.sha256,
+        "judge": backend,
+        "judge_model": model,
+        "template_sha256": settings.template.sha256 if settings is not None and plan.benchmark == "sysbench" else None,
         "turns_to_judge": len(plan.tasks),
+        "turns_scored_by_rule": len(plan.ruled),
         "answered_from_cache": len(plan.tasks) - len(to_send),
         "requests": len(to_send),
         "turns_skipped_no_response": len(plan.skipped),
@@ -668,8 +377,9 @@ def dry_run_report(
         "turns_not_generated": plan.not_generated,
         "estimated_prompt_tokens": prompt_tokens,
         "estimated_completion_tokens": completion_tokens,
-        "estimated_cost_usd": estimate_cost(settings.model, prompt_tokens, completion_tokens)
-        if settings.backend == "openai"
+        "estimated_cost_usd": estimate_cost(model, prompt_tokens, completion_tokens)
+        if backend == "openai" and model is not None
         else 0.0,
-        "note": f"first attempts only; each parse failure adds a request (up to {settings.max_retries} per turn)",
+        "note": f"first attempts only; each parse failure adds a request (up to {settings.max_retries} per turn)"
+        if settings is not None else "rule-scored turns need no judge and cost nothing",
     }

@@ -2,7 +2,8 @@
 
 The judging itself is ``judge.judge_run``; this module only turns arguments into
 settings and an engine factory, and decides (from ``RANK`` under torchrun) whether
-this process writes.
+this process writes. With no judge options at all, an MT-Eval run's rule-scored turns
+(recollection) are scored and anything that needs the LLM judge is refused in one line.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="judge generated turns against their checklists; `judge agreement A B` compares two runs",
         description=(
             "sysbench-gpu judge RUN_DIR --judge {openai,vllm,hf} --judge-model NAME [...]\n"
+            "sysbench-gpu judge RUN_DIR   (an MT-Eval run of rule-scored tasks: no judge model needed)\n"
             "sysbench-gpu judge agreement RUN_A RUN_B [--json]"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -52,7 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--concurrency", type=int, default=8, help="parallel API requests (openai)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per API request (openai)")
     parser.add_argument("--api-retries", type=int, default=6, help="retries of one API request on 429/5xx/timeouts")
-    parser.add_argument("--template", default="zh", help="zh, en, or a template FILE (see docs/judge.md)")
+    parser.add_argument("--template", help="SysBench: zh (default), en, or a template FILE (see docs/judge.md)")
+    parser.add_argument("--mteval-template", action="append", default=[], metavar="KIND=FILE",
+                        help="MT-Eval: your own 1-10 judge template for refinement, expansion or follow-up (repeatable)")
     parser.add_argument("--template-lang", choices=("zh", "en"), help="language of a template FILE (default zh)")
     parser.add_argument("--max-retries", type=int, default=DEFAULT_MAX_RETRIES, help="attempts per turn until it is recorded unparsed")
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="judge reply token limit")
@@ -118,8 +122,9 @@ def main(args: argparse.Namespace) -> int:
         return agreement_main(Path(args.more_runs[0]), Path(args.more_runs[1]), args.json)
     if args.more_runs:
         raise SysbenchError(f"judge takes one RUN_DIR, got extra {' '.join(args.more_runs)!r}")
-    if not args.judge or not args.judge_model:
-        raise SysbenchError("judge needs --judge {openai,vllm,hf} and --judge-model NAME")
+    if bool(args.judge) != bool(args.judge_model):
+        raise SysbenchError("judge needs both --judge {openai,vllm,hf} and --judge-model NAME (or neither, "
+                            "for an MT-Eval run of rule-scored tasks)")
     if args.max_retries < 1:
         raise SysbenchError(f"--max-retries must be at least 1, got {args.max_retries}")
     if args.limit is not None and args.limit < 1:
@@ -127,10 +132,16 @@ def main(args: argparse.Namespace) -> int:
     if args.concurrency < 1:
         raise SysbenchError(f"--concurrency must be at least 1, got {args.concurrency}")
     system_ids = parse_session_ids(args.sessions)
-    template = load_template(args.template, args.template_lang)
     options = _engine_options(args.engine_option)
     primary = is_primary_rank(options)
     source = RunDir(args.run_dir)
+    mteval = _is_mteval(source)
+    if mteval and (args.template or args.template_lang):
+        raise SysbenchError("--template and --template-lang apply to SysBench runs; "
+                            "an MT-Eval run takes --mteval-template KIND=FILE")
+    if not mteval and args.mteval_template:
+        raise SysbenchError("--mteval-template applies to MT-Eval runs; a SysBench run takes --template")
+    template = load_template(args.template or "zh", args.template_lang)
     if args.rejudge:
         if not args.out:
             raise SysbenchError("--rejudge needs --out NEW_RUN_DIR")
@@ -144,25 +155,32 @@ def main(args: argparse.Namespace) -> int:
         run = source.require()
     home = Path(args.out) if args.rejudge else run.path
     cache_dir = None if args.no_cache else Path(args.cache_dir) if args.cache_dir else home / CACHE_DIRNAME
-    settings = JudgeSettings(
-        backend=args.judge,
-        model=args.judge_model,
-        template=template,
-        max_retries=args.max_retries,
-        max_tokens=args.max_tokens,
-        seed=args.seed,
-        max_reasoning_chars=args.max_reasoning_chars,
-        cache_dir=cache_dir,
-        concurrency=args.concurrency,
-    )
+    settings: JudgeSettings | None = None
+    if args.judge:
+        settings = JudgeSettings(
+            backend=args.judge,
+            model=args.judge_model,
+            template=template,
+            max_retries=args.max_retries,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+            max_reasoning_chars=args.max_reasoning_chars,
+            cache_dir=cache_dir,
+            concurrency=args.concurrency,
+            score_templates=_mteval_templates(args.mteval_template),
+        )
     if args.dry_run:
         report = dry_run_report(run, settings, args.limit, fresh=args.rejudge, system_ids=system_ids)
         if args.json:
             print(json.dumps(report, ensure_ascii=False, indent=2))
         else:
             cost = report["estimated_cost_usd"]
-            print(f"dry run: {run.path} with {settings.backend} {settings.model} (template {template.sha256[:12]})")
+            shown = f"template {template.sha256[:12]}" if not mteval else "MT-Eval 1-10 templates"
+            judge = f"{settings.backend} {settings.model} ({shown})" if settings is not None else "no judge model"
+            print(f"dry run: {run.path} with {judge}")
             print(f"  turns to judge      {report['turns_to_judge']} ({report['answered_from_cache']} from cache)")
+            if mteval:
+                print(f"  scored by rule      {report['turns_scored_by_rule']}")
             print(f"  requests            {report['requests']}  ({report['note']})")
             print(f"  est. prompt tokens  {report['estimated_prompt_tokens']}")
             print(f"  est. output tokens  {report['estimated_completion_tokens']}")
@@ -183,7 +201,7 @@ def main(args: argparse.Namespace) -> int:
         summary = judge_run(
             run,
             settings,
-            make_engine_factory(args, settings, options),
+            make_engine_factory(args, settings, options) if settings is not None else None,
             limit=limit,
             system_ids=chosen_ids,
             retry_unparsed=args.retry_unparsed,
@@ -191,12 +209,30 @@ def main(args: argparse.Namespace) -> int:
             lock=False,
         )
     if primary:
+        ruled = f"scored by rule {summary.scored_by_rule}; " if summary.scored_by_rule else ""
         print(
             f"{run.path}: judged {summary.judged}, unparsed {summary.unparsed}, skipped {summary.skipped}, "
             f"already judged {summary.already_judged}, not generated {summary.not_generated}; "
-            f"requests {summary.requests}, cache hits {summary.cache_hits}"
+            f"{ruled}requests {summary.requests}, cache hits {summary.cache_hits}"
         )
     return 0
+
+
+def _is_mteval(run: RunDir) -> bool:
+    """Whether the run holds MT-Eval dialogues (judged by score, some by rules)."""
+    run.require()
+    sessions = run.load_sessions()
+    return bool(sessions) and sessions[0].benchmark == "mteval"
+
+
+def _mteval_templates(pairs: Sequence[str]) -> dict[str, Any]:
+    """``--mteval-template KIND=FILE`` -> {kind: template}; the other kinds stay built in."""
+    if not pairs:
+        return {}
+    from sysbench_gpu.mteval.judge_prompt import load_score_template
+    from sysbench_gpu.mteval.scoring import parse_template_options
+
+    return {kind: load_score_template(kind, path) for kind, path in parse_template_options(pairs).items()}
 
 
 def _wait_for_rejudge_copy(run: RunDir, timeout_s: float = REJUDGE_WAIT_S) -> None:

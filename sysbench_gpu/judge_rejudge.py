@@ -21,7 +21,7 @@ from typing import Sequence
 from sysbench_gpu.data import SessionIds, select_sessions
 from sysbench_gpu.errors import SysbenchError
 from sysbench_gpu.jsonl import append_lines, complete_lines
-from sysbench_gpu.runstore import GENERATIONS, MANIFEST, RunDir, session_to_upstream, write_bytes_atomic, write_json_atomic
+from sysbench_gpu.runstore import GENERATIONS, MANIFEST, RunDir, write_bytes_atomic
 
 RETRIED = "judgments.retried.jsonl"
 
@@ -76,7 +76,7 @@ def prepare_rejudge(
             **{k: src_manifest[k] for k in ("dataset",) if k in src_manifest},
         )
         have = {}
-    write_json_atomic(target.sessions_path, [session_to_upstream(s) for s in chosen])
+    target.write_sessions(chosen)  # SysBench as upstream's JSON array, MT-Eval as JSON Lines
     missing = [generations[k] for k in sorted(generations) if k not in have]
     target.generations.append(missing)
     for stage, section in src_manifest.get("stages", {}).items():

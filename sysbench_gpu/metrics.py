@@ -24,19 +24,20 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from sysbench_gpu.data import ALIGNMENT_ORDER, GROUP_ORDER, TYPE_ORDER, Session
 from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.runstore import JudgmentRecord, RunDir
+from sysbench_gpu.metrics_load import LoadedRun, load_run
+from sysbench_gpu.metrics_text import HEADLINE, format_comparison, format_metrics
+from sysbench_gpu.runstore import JudgmentRecord
 from sysbench_gpu.verdicts import NO, OTHER, YES
 
 Key = tuple[int, int]
 _NAMED = 5  # turns named in an error message before "... and N more"
 CI_METRICS = ("csr", "isr", "ssr")
-HEADLINE = ("csr", "csr_macro", "isr", "ssr")
 
 
 # ---------------------------------------------------------------- per-turn scoring
@@ -241,10 +242,11 @@ def compute_metrics(
         "ssr_by_group": {
             group: table.point("ssr", np.array([g == group for g in table.groups])) for group in GROUP_ORDER
         },
-        "isr_by_round": [
-            _ratio(sum(s.passed for s in turn_scores if s.turn == n), sum(1 for s in turn_scores if s.turn == n))
-            for n in range(1, table.n_rounds + 1)
-        ],
+        "isr_by_round": _isr_by_round(turn_scores, table.n_rounds),
+        "isr_by_round_by_group": {
+            group: _isr_by_round([s for s in turn_scores if group_of[s.system_id] == group], table.n_rounds)
+            for group in GROUP_ORDER
+        },
         "ci95": {name: percentile_ci(table.resampled(name, index)) for name in CI_METRICS},
         "bootstrap": {"resamples": resamples, "seed": seed, "unit": "session"},
         "verdict_counts": verdict_counts,
@@ -269,15 +271,44 @@ def _score_turns(
     exclude_skipped: bool = False,
     unfinished_stages: Sequence[str] = (),
 ) -> tuple[dict[Key, TurnScore], list[Session], Counter]:
+    usable, kept, counts = split_turns(
+        sessions, judgments, expected, allow_partial, exclude_unparsed, exclude_skipped, unfinished_stages
+    )
+    by_id = {s.system_id: s for s in kept}
+    scores = {key: score_turn(by_id[key[0]], key[1], judgment) for key, judgment in usable.items()}
+    return scores, kept, counts
+
+
+def all_turns(session: Session) -> list[Key]:
+    return [(session.system_id, t.index) for t in session.turns]
+
+
+def split_turns(
+    sessions: Sequence[Session],
+    judgments: Mapping[Key, JudgmentRecord],
+    expected: set[Key] | None,
+    allow_partial: bool,
+    exclude_unparsed: bool,
+    exclude_skipped: bool = False,
+    unfinished_stages: Sequence[str] = (),
+    turns_of: Callable[[Session], list[Key]] = all_turns,
+) -> tuple[dict[Key, JudgmentRecord], list[Session], Counter]:
+    """The judgments that can be scored, the sessions that have expected turns, and what was left out.
+
+    ``turns_of`` names the turns of a session that are scored (SysBench: all of them;
+    MT-Eval: the answered ones). Ungenerated turns, a running stage and missing
+    judgments are errors unless ``allow_partial``; unparsed and skipped turns are errors
+    unless excluded. Every error names the turns briefly (``name_keys``).
+    """
     counts: Counter = Counter()
     ungenerated: list[Key] = []
     missing: list[Key] = []
     unparsed: list[Key] = []
     skipped: list[Key] = []  # the model gave no reply (over-length): neither passed nor failed silently
-    scores: dict[Key, TurnScore] = {}
+    usable: dict[Key, JudgmentRecord] = {}
     kept: list[Session] = []
     for session in sessions:
-        keys = [(session.system_id, t.index) for t in session.turns]
+        keys = turns_of(session)
         wanted = [k for k in keys if expected is None or k in expected]
         ungenerated += [k for k in keys if expected is not None and k not in expected]
         if not wanted:
@@ -292,7 +323,7 @@ def _score_turns(
             elif judgment.parse_status == "skipped":
                 skipped.append(key)
             else:
-                scores[key] = score_turn(session, key[1], judgment)
+                usable[key] = judgment
     if not allow_partial and (ungenerated or unfinished_stages):
         stages = " and ".join(f"`{stage}`" for stage in unfinished_stages)
         parts = []
@@ -323,7 +354,7 @@ def _score_turns(
     counts["missing"] = len(missing)
     counts["unparsed"] = len(unparsed)
     counts["skipped"] = len(skipped)
-    return scores, kept, counts
+    return usable, kept, counts
 
 
 def name_keys(keys: Sequence[Key], sessions_named: int = _NAMED) -> str:
@@ -343,6 +374,13 @@ def name_keys(keys: Sequence[Key], sessions_named: int = _NAMED) -> str:
         named.append(f"session {system_id}, turn{'s' if len(turns) > 1 else ''} {listed}")
     more = len(by_session) - sessions_named
     return "; ".join(named) + (f"; ... and {more} more session{'s' if more > 1 else ''}" if more > 0 else "")
+
+
+def _isr_by_round(turns: Sequence[TurnScore], n_rounds: int) -> list[float | None]:
+    return [
+        _ratio(sum(t.passed for t in turns if t.turn == n), sum(1 for t in turns if t.turn == n))
+        for n in range(1, n_rounds + 1)
+    ]
 
 
 def _isr_breakdown(turns: Sequence[TurnScore]) -> dict[str, float | None]:
@@ -369,56 +407,6 @@ def _ratio(num: float, den: float) -> float | None:
 # ---------------------------------------------------------------- run directories
 
 
-@dataclass(frozen=True)
-class LoadedRun:
-    path: Path
-    label: str
-    model: str | None
-    sessions: list[Session]
-    judgments: dict[Key, JudgmentRecord]
-    expected: set[Key]
-    unfinished_stages: tuple[str, ...] = ()
-
-
-def load_run(run_dir: str | Path) -> LoadedRun:
-    """Read what metrics need from a run directory; never writes."""
-    run = RunDir(run_dir).require()
-    manifest = run.read_manifest()
-    sessions = run.load_sessions()
-    if not run.generations.path.exists():
-        raise SysbenchError(f"{run.path}: no {run.generations.path.name} (run generate or import-upstream first)")
-    generations = run.generations.read()
-    known = {(s.system_id, t.index) for s in sessions for t in s.turns}
-    expected = set(generations) & known
-    if not expected:
-        raise SysbenchError(f"{run.path}: no generation record matches a turn of sessions.json")
-    judgments = run.judgments.read()
-    label, model = _label_and_model(manifest, generations.values(), run.path)
-    unfinished = tuple(
-        stage for stage, section in manifest.get("stages", {}).items() if section.get("status") == "running"
-    )
-    return LoadedRun(run.path, label, model, sessions, judgments, expected, unfinished)
-
-
-def _label_and_model(manifest: Mapping[str, Any], generations: Any, path: Path) -> tuple[str, str | None]:
-    stages = manifest.get("stages", {}) if isinstance(manifest.get("stages"), dict) else {}
-
-    def find(key: str) -> Any:
-        if manifest.get(key):
-            return manifest[key]
-        for section in stages.values():
-            if isinstance(section, dict) and section.get(key):
-                return section[key]
-        return None
-
-    model = find("model")
-    if model is None:
-        seen = Counter(g.model for g in generations if g.model)
-        model = seen.most_common(1)[0][0] if seen else None
-    label = find("label") or path.resolve().name
-    return str(label), (str(model) if model is not None else None)
-
-
 def run_metrics(
     run_dir: str | Path,
     *,
@@ -428,9 +416,18 @@ def run_metrics(
     resamples: int = 1000,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Metrics of a run directory (sessions.json + generations + judgments + manifest)."""
+    """Metrics of a run directory (sessions.json + generations + judgments + manifest).
+
+    A SysBench run gets CSR / ISR / SSR; an MT-Eval run its 0-10 scores per task, category,
+    answered turn and overall (``mteval.run_metrics``), with the same partial-run rules.
+    """
     loaded = load_run(run_dir)
     try:
+        if loaded.benchmark == "mteval":
+            from sysbench_gpu.mteval.run_metrics import mteval_run_metrics
+
+            return mteval_run_metrics(loaded, allow_partial=allow_partial, exclude_unparsed=exclude_unparsed,
+                                      exclude_skipped=exclude_skipped, resamples=resamples, seed=seed)
         return compute_metrics(
             loaded.sessions,
             loaded.judgments,
@@ -457,8 +454,13 @@ def compare_runs(
     """Paired difference B - A per headline metric, with a paired session bootstrap CI.
 
     Both runs must be finished (every turn generated and judged) unless ``allow_partial``.
+    Two MT-Eval runs are compared by ``mteval.run_metrics.compare_mteval_runs``.
     """
     a, b = load_run(run_a), load_run(run_b)
+    if "mteval" in (a.benchmark, b.benchmark):
+        from sysbench_gpu.mteval.run_metrics import compare_mteval_runs
+
+        return compare_mteval_runs([a, b], resamples=resamples, seed=seed, allow_partial=allow_partial)
     _check_same_coverage(a, b)
     tables = []
     for run in (a, b):
@@ -513,72 +515,6 @@ def _check_same_coverage(a: LoadedRun, b: LoadedRun) -> None:
         )
 
 
-# ---------------------------------------------------------------- text output
-
-
-def _pct(value: float | None) -> str:
-    return "   -  " if value is None else f"{100 * value:6.1f}"
-
-
-def _ci(pair: Sequence[float] | None) -> str:
-    return "" if not pair else f"  [{100 * pair[0]:.1f}, {100 * pair[1]:.1f}]"
-
-
-def format_metrics(result: Mapping[str, Any]) -> str:
-    lines = [
-        f"run {result['label']}  model {result['model']}",
-        f"{result['n_sessions']} sessions, {result['n_turns']} turns, {result['n_constraints']} constraints"
-        + (f"  (PARTIAL: {result['n_ungenerated_turns']} turns not generated, {result['n_missing_turns']} not judged"
-           + (f", {' and '.join(result['unfinished_stages'])} still running" if result["unfinished_stages"] else "")
-           + ")" if result["partial"] else "")
-        + (f"  ({result['n_unparsed_turns']} unparsed turns excluded)" if result["excluded_unparsed"] else "")
-        + (f"  ({result['n_skipped_turns']} skipped turns excluded)" if result["n_skipped_turns"] else ""),
-        "",
-        f"{'metric':<22}{'%':>6}  95% CI (session bootstrap, {result['bootstrap']['resamples']} resamples)",
-    ]
-    for name in HEADLINE:
-        lines.append(f"{name.upper() if name != 'csr_macro' else 'CSR (Eq. 1 macro)':<22}{_pct(result[name])}"
-                     f"{_ci(result['ci95'].get(name))}")
-    lines += ["", "CSR by constraint type"]
-    for kind in TYPE_ORDER:
-        lines.append(f"  {kind:<20}{_pct(result['csr_by_type'][kind])}   n={result['n_constraints_by_type'][kind]}")
-    lines += ["", f"ISR by alignment      {'aligned':>9}{'misaligned':>11}{'all':>8}"]
-    overall = {**result["isr_by_alignment"], "all": result["isr"]}
-    for name, row in (*result["isr_by_group"].items(), ("overall", overall)):
-        lines.append(f"  {name:<20}{_pct(row['aligned']):>9}{_pct(row['misaligned']):>11}{_pct(row['all']):>8}")
-    rounds = result["rounds"]["all"] or []
-    header = "".join(f"{'R' + str(n):>8}" for n in range(1, len(rounds) + 1))
-    lines += ["", f"multi-turn stability {header}{'SSR':>8}"]
-    for group in (*GROUP_ORDER, "all"):
-        values = result["rounds"][group] or [None] * len(rounds)
-        ssr = result["ssr"] if group == "all" else result["ssr_by_group"][group]
-        lines.append(f"  {group:<19}" + "".join(f"{_pct(v):>8}" for v in values) + f"{_pct(ssr):>8}")
-    lines.append(f"  {'ISR by turn':<19}" + "".join(f"{_pct(v):>8}" for v in result["isr_by_round"]))
-    counts = result["verdict_counts"]
-    lines += [
-        "",
-        f"verdicts: yes {counts['yes']}, no {counts['no']}, other {counts['other']}"
-        f" (not applicable etc.: neither satisfy nor fail), missing {result['n_missing_verdicts']}",
-    ]
-    return "\n".join(lines)
-
-
-def format_comparison(result: Mapping[str, Any]) -> str:
-    a, b = result["run_a"], result["run_b"]
-    lines = [
-        f"A = {a['label']} ({a['path']})",
-        f"B = {b['label']} ({b['path']})",
-        f"{result['n_sessions']} sessions, {result['n_turns']} turns; paired session bootstrap, "
-        f"{result['bootstrap']['resamples']} resamples, seed {result['bootstrap']['seed']}",
-        "",
-        f"{'metric':<30}{'A %':>7}{'B %':>7}{'B-A pts':>9}  95% CI",
-    ]
-    for name, row in result["metrics"].items():
-        diff = "     - " if row["diff"] is None else f"{100 * row['diff']:+7.1f}"
-        lines.append(f"{name:<30}{_pct(row['a']):>7}{_pct(row['b']):>7}{diff:>9}{_ci(row['ci95'])}")
-    return "\n".join(lines)
-
-
 # ---------------------------------------------------------------- CLI
 
 
@@ -599,7 +535,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     compare = subparsers.add_parser("compare", help="paired difference of two runs' metrics (B - A) with CIs")
     compare.add_argument("run_a", help="baseline run directory")
-    compare.add_argument("run_b", help="run directory compared against it")
+    compare.add_argument("run_b", nargs="+",
+                         help="run directory compared against it (MT-Eval: one or more, each against RUN_A)")
     compare.add_argument("--json", action="store_true", help="print JSON")
     compare.add_argument("--allow-partial", action="store_true", help="compare runs with ungenerated or unjudged turns")
     compare.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
@@ -616,13 +553,33 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
         resamples=args.resamples,
         seed=args.seed,
     )
-    _emit(result, args.json, format_metrics)
+    if result.get("benchmark") == "mteval":
+        from sysbench_gpu.mteval.run_metrics import format_mteval_metrics
+
+        _emit(result, args.json, format_mteval_metrics)
+    else:
+        _emit(result, args.json, format_metrics)
     return 0
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    result = compare_runs(args.run_a, args.run_b, resamples=args.resamples, seed=args.seed, allow_partial=args.allow_partial)
-    _emit(result, args.json, format_comparison)
+    options = {"resamples": args.resamples, "seed": args.seed, "allow_partial": args.allow_partial}
+    if len(args.run_b) == 1:
+        result = compare_runs(args.run_a, args.run_b[0], **options)
+    else:
+        runs = [load_run(path) for path in (args.run_a, *args.run_b)]
+        if any(run.benchmark != "mteval" for run in runs):
+            raise SysbenchError("compare takes two SysBench runs (RUN_A RUN_B); several runs against RUN_A "
+                                "are for MT-Eval runs")
+        from sysbench_gpu.mteval.run_metrics import compare_mteval_runs
+
+        result = compare_mteval_runs(runs, **options)
+    if result.get("benchmark") == "mteval":
+        from sysbench_gpu.mteval.run_metrics import format_mteval_comparison
+
+        _emit(result, args.json, format_mteval_comparison)
+    else:
+        _emit(result, args.json, format_comparison)
     return 0
 
 

@@ -10,507 +10,72 @@ with :func:`sysbench_gpu.metrics.run_metrics` and writes
 - ``table6_csr_by_type``: CSR per constraint type and overall;
 - ``table_gt_history_gain`` (with ``--gt-pair``): per-turn ISR gain of ground-truth
   history over the model's own history;
+- ``table_history_ablation`` (with single-turn or distractor runs, or one model's runs of
+  several kinds): per-turn ISR of each kind (``report_ablations``);
 
 each as ``.md`` and ``.tex`` (booktabs), figures (see :mod:`sysbench_gpu.figures`),
 ``report.md`` stitching it all together and ``report.json`` with every metrics dict
 and how it was made. Percentages carry one decimal; the best value of a column is
-bold. Nothing here imports torch; matplotlib is imported only when figures are drawn.
+bold. MT-Eval runs get their own report (``report_mteval``: the leaderboard layout).
+The work is split by job: ``report_runs`` (runs, pairs, checks), ``report_tables``
+(tables and their rendering), ``report_ablations``, ``report_mteval``, and this module
+(the SysBench report and the command line). Nothing here imports torch; matplotlib is
+imported only when figures are drawn.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
-import json
-import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from sysbench_gpu import __version__
-from sysbench_gpu.data import ALIGNMENT_ORDER, GROUP_ORDER, TYPE_ORDER, Session, load_dataset
+from sysbench_gpu.data import TYPE_ORDER, Session, load_dataset
 from sysbench_gpu.errors import SysbenchError
+from sysbench_gpu.report_ablations import (
+    ablation_groups,
+    ablation_panels,
+    gains_by_group,
+    run_kind,
+    table_history_ablation,
+)
+from sysbench_gpu.report_runs import (  # noqa: F401  (re-exported: the report's public names)
+    N_TURNS,
+    GtPair,
+    MetricsFn,
+    RunSummary,
+    _diff_points,
+    _num,
+    as_sequence,
+    checklist_fingerprint,
+    dataset_warnings,
+    isr_gain_by_turn,
+    load_run,
+    require_judged,
+    unique_labels,
+)
+from sysbench_gpu.report_tables import (  # noqa: F401
+    SORT_KEYS,
+    Table,
+    build_tables,
+    escape_latex,
+    escape_markdown,
+    pct,
+    render_latex,
+    render_markdown,
+    sort_runs,
+    table_alignment,
+    table_csr_by_type,
+    table_gt_gain,
+    table_overall,
+    table_rounds,
+)
 from sysbench_gpu.runstore import RunDir, utc_now, write_json_atomic
 
-N_TURNS = 5  # SysBench sessions have five user turns
-SORT_KEYS = ("given", "csr", "isr", "ssr")
 FIGURE_FORMATS = ("png", "pdf", "svg")
-
-MetricsFn = Callable[..., dict]
-
-
-# ---------------------------------------------------------------- runs and their metrics
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    """One judged run as the report sees it."""
-
-    path: Path
-    label: str
-    model: str | None
-    dataset_sha256: str | None  # checksum of the data file the run was made from, per its manifest
-    metrics: dict[str, Any]
-    manifest: dict[str, Any]
-    checklist_sha256: str | None = None  # what is scored: sessions, turns, alignments, checklists
-
-    @property
-    def data_file_sha256(self) -> str | None:
-        """The dataset checksum when it is one of a data file (an import without --data records the workbook's)."""
-        dataset = self.manifest.get("dataset")
-        if isinstance(dataset, dict) and dataset.get("rebuilt_from"):
-            return None
-        return self.dataset_sha256
-
-
-@dataclass(frozen=True)
-class GtPair:
-    """A run generated with ground-truth history next to the same model's normal run."""
-
-    label: str
-    gt: RunSummary
-    base: RunSummary
-
-    @property
-    def turn_gains(self) -> list[float | None]:
-        """ISR gain per turn in percentage points (GT minus base), turns 1..5."""
-        return isr_gain_by_turn(self.gt.metrics, self.base.metrics)
-
-    @property
-    def turn1_noise_band(self) -> float | None:
-        """Half-width (points) of a 95% band for the turn-1 gain from sampling and judging alone.
-
-        Turn 1 sees no history, so both runs answer the same prompt: the two turn-1 ISRs
-        differ only by chance. Treated as two independent proportions over the sessions.
-        """
-        p_gt = _num(as_sequence(self.gt.metrics.get("isr_by_round"))[0])
-        p_base = _num(as_sequence(self.base.metrics.get("isr_by_round"))[0])
-        n_gt, n_base = _num(self.gt.metrics.get("n_sessions")), _num(self.base.metrics.get("n_sessions"))
-        if None in (p_gt, p_base) or not n_gt or not n_base:
-            return None
-        variance = p_gt * (1 - p_gt) / n_gt + p_base * (1 - p_base) / n_base
-        return 100.0 * 1.96 * math.sqrt(variance)
-
-
-def _default_metrics_fn() -> MetricsFn:
-    from sysbench_gpu.metrics import run_metrics  # imported late: a sibling stage module
-
-    return run_metrics
-
-
-def require_judged(path: Path) -> RunDir:
-    """The run directory at ``path``; a clear error when it is not one or has no judgments."""
-    run = RunDir(path)
-    run.require()
-    if not run.judgments.path.is_file() or run.judgments.path.stat().st_size == 0:
-        raise SysbenchError(
-            f"{path}: run is not judged (no {run.judgments.path.name}); run `sysbench-gpu judge` "
-            "or `sysbench-gpu import-upstream` first"
-        )
-    return run
-
-
-def load_run(
-    path: str | Path,
-    label: str | None = None,
-    metrics_fn: MetricsFn | None = None,
-    **metric_options: Any,
-) -> RunSummary:
-    """Compute a run's metrics and collect what the report says about how they were made."""
-    path = Path(path)
-    run = require_judged(path)
-    manifest = run.read_manifest()
-    metrics = (metrics_fn or _default_metrics_fn())(path, **metric_options)
-    model = metrics.get("model") or manifest.get("model") or _find_in_stages(manifest, "model")
-    label = label or metrics.get("label") or manifest.get("label") or path.name
-    dataset = manifest.get("dataset") if isinstance(manifest.get("dataset"), dict) else {}
-    return RunSummary(
-        path=path,
-        label=str(label),
-        model=str(model) if model is not None else None,
-        dataset_sha256=dataset.get("sha256"),
-        metrics=metrics,
-        manifest=manifest,
-        checklist_sha256=checklist_fingerprint(run.load_sessions()) if run.sessions_path.is_file() else None,
-    )
-
-
-def checklist_fingerprint(sessions: Sequence[Session]) -> str:
-    """sha256 over everything scoring depends on, so runs made from differently-sourced copies
-    of the same data (an official file, a workbook import) still compare equal."""
-    digest = hashlib.sha256()
-    for session in sorted(sessions, key=lambda s: s.system_id):
-        item = [
-            session.system_id,
-            session.dependent,
-            [[t.index, t.alignment, [[c.id, c.type, c.content] for c in t.constraints]] for t in session.turns],
-        ]
-        digest.update(json.dumps(item, ensure_ascii=False).encode("utf-8"))
-        digest.update(b"\n")
-    return digest.hexdigest()
-
-
-def _find_in_stages(manifest: Mapping[str, Any], key: str) -> Any:
-    for section in (manifest.get("stages") or {}).values():
-        if isinstance(section, dict) and section.get(key):
-            return section[key]
-    return None
-
-
-def dataset_warnings(runs: Sequence[RunSummary]) -> list[str]:
-    """Warnings when runs were made over different data (the numbers are then not comparable)."""
-    unique: dict[Path, RunSummary] = {}
-    for run in runs:
-        unique.setdefault(run.path.resolve(), run)
-    runs = list(unique.values())
-    warnings: list[str] = []
-    missing = [run.label for run in runs if not run.dataset_sha256]
-    if missing:
-        warnings.append(f"no dataset checksum recorded in the manifest of: {', '.join(missing)}")
-    by_sha: dict[str, list[str]] = {}
-    for run in runs:
-        if run.data_file_sha256:
-            by_sha.setdefault(run.data_file_sha256, []).append(run.label)
-    if len(by_sha) > 1:
-        groups = "; ".join(f"{sha[:12]}: {', '.join(labels)}" for sha, labels in by_sha.items())
-        warnings.append(f"runs were made from {len(by_sha)} different dataset files ({groups}); compare with care")
-    by_checklist: dict[str, list[str]] = {}
-    for run in runs:
-        if run.checklist_sha256:
-            named = f"{run.label} ({run.metrics.get('n_sessions')} sessions)"
-            by_checklist.setdefault(run.checklist_sha256, []).append(named)
-    if len(by_checklist) > 1:
-        groups = "; ".join(f"{sha[:12]}: {', '.join(labels)}" for sha, labels in by_checklist.items())
-        warnings.append(
-            f"runs score {len(by_checklist)} different sets of sessions or checklists ({groups}); "
-            "their numbers are not comparable"
-        )
-    partial = [run.label for run in runs if run.metrics.get("partial")]
-    if partial:
-        warnings.append(f"partial runs (turns not generated or not judged, or a stage still running): {', '.join(partial)}")
-    return warnings
-
-
-def unique_labels(labels: Sequence[str]) -> list[str]:
-    """Labels made unique by numbering repeats: ``a, a`` -> ``a, a (2)``."""
-    seen: dict[str, int] = {}
-    result = []
-    for label in labels:
-        seen[label] = seen.get(label, 0) + 1
-        result.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
-    return result
-
-
-# ---------------------------------------------------------------- metric access
-
-
-def as_sequence(value: Any, n: int = N_TURNS) -> list[float | None]:
-    """A per-turn/per-round metric as a list of ``n`` values, whether stored as a list or a dict."""
-    if value is None:
-        return [None] * n
-    if isinstance(value, Mapping):
-        out: list[float | None] = []
-        for index in range(1, n + 1):
-            found = None
-            for key in (f"t{index}", f"R{index}", f"r{index}", str(index), index):
-                if key in value:
-                    found = value[key]
-                    break
-            out.append(found)
-        return out
-    values = list(value)
-    return [values[i] if i < len(values) else None for i in range(n)]
-
-
-def _num(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(number) else number
-
-
-def isr_gain_by_turn(gt_metrics: Mapping[str, Any], base_metrics: Mapping[str, Any]) -> list[float | None]:
-    """Per-turn ISR of the GT-history run minus that of the base run, in percentage points."""
-    gt = as_sequence(gt_metrics.get("isr_by_round"))
-    base = as_sequence(base_metrics.get("isr_by_round"))
-    gains: list[float | None] = []
-    for g, b in zip(gt, base):
-        g, b = _num(g), _num(b)
-        gains.append(None if g is None or b is None else 100.0 * (g - b))
-    return gains
-
-
-def _diff_points(a: Any, b: Any) -> float | None:
-    a, b = _num(a), _num(b)
-    return None if a is None or b is None else 100.0 * (a - b)
-
-
-# ---------------------------------------------------------------- tables
-
-
-@dataclass
-class Table:
-    """A numeric table: rows of runs, columns optionally grouped under a spanning header."""
-
-    name: str  # file stem, e.g. "table2_overall"
-    title: str
-    caption: str  # plain text; escaped for LaTeX unless ``latex_caption`` is given
-    groups: list[tuple[str, list[str]]]  # (spanning header or "", column headers)
-    rows: list[tuple[str, list[float | None]]]  # values already in the unit shown (percent / points)
-    notes: list[list[str]] = field(default_factory=list)  # per row, per column: Markdown-only suffix
-    bold_best: bool = True
-    signed: bool = False  # show a + on positive values (gains)
-    first_header: str = "Model"
-    latex_caption: str | None = None
-    markdown_headers: list[str] | None = None  # flat headers for Markdown, when "group column" reads badly
-
-    @property
-    def columns(self) -> list[str]:
-        return [column for _, columns in self.groups for column in columns]
-
-    def best(self) -> list[str | None]:
-        """Per column, the best (largest) value as displayed, or None."""
-        best: list[str | None] = []
-        for index in range(len(self.columns)):
-            values = [row[1][index] for row in self.rows if row[1][index] is not None]
-            best.append(self.fmt(max(values)) if values and self.bold_best else None)
-        return best
-
-    def fmt(self, value: float | None) -> str:
-        if value is None:
-            return ""
-        text = f"{value:+.1f}" if self.signed else f"{value:.1f}"
-        return "+0.0" if text == "-0.0" and self.signed else ("0.0" if text == "-0.0" else text)
-
-
-def pct(value: Any) -> float | None:
-    number = _num(value)
-    return None if number is None else 100.0 * number
-
-
-def table_overall(runs: Sequence[RunSummary]) -> Table:
-    rows, notes = [], []
-    for run in runs:
-        m = run.metrics
-        rows.append((run.label, [pct(m.get("csr")), pct(m.get("isr")), pct(m.get("ssr"))]))
-        ci = m.get("ci95") or {}
-        row_notes = []
-        for key in ("csr", "isr", "ssr"):
-            bounds = ci.get(key)
-            if bounds and len(bounds) == 2 and None not in bounds:
-                row_notes.append(f" [{100 * bounds[0]:.1f}, {100 * bounds[1]:.1f}]")
-            else:
-                row_notes.append("")
-        notes.append(row_notes)
-    return Table(
-        name="table2_overall",
-        title="Overall: constraint, instruction and session satisfaction rates",
-        caption="CSR, ISR and SSR (%) per model; best per column in bold.",
-        groups=[("", ["CSR", "ISR", "SSR"])],
-        rows=rows,
-        notes=notes,
-    )
-
-
-def table_alignment(runs: Sequence[RunSummary]) -> Table:
-    rows = []
-    for run in runs:
-        by_group = run.metrics.get("isr_by_group") or {}
-        overall = run.metrics.get("isr_by_alignment") or {}
-        values = []
-        for group in GROUP_ORDER:
-            values += [pct((by_group.get(group) or {}).get(alignment)) for alignment in ALIGNMENT_ORDER]
-        values += [pct(overall.get(alignment)) for alignment in ALIGNMENT_ORDER]
-        rows.append((run.label, values))
-    headers = [alignment.capitalize() for alignment in ALIGNMENT_ORDER]
-    return Table(
-        name="table3_alignment",
-        title="ISR on aligned and misaligned instructions",
-        caption="ISR (%) on aligned and misaligned user instructions within multi-turn dependent "
-        "sessions, multi-turn parallel sessions and overall; best per column in bold.",
-        groups=[("Dependent", headers), ("Parallel", headers), ("Overall", headers)],
-        rows=rows,
-    )
-
-
-def table_rounds(runs: Sequence[RunSummary]) -> Table:
-    rows = []
-    for run in runs:
-        rounds = run.metrics.get("rounds") or {}
-        ssr_by_group = run.metrics.get("ssr_by_group") or {}
-        values = []
-        for group in GROUP_ORDER:
-            values += [pct(v) for v in as_sequence(rounds.get(group))]
-            values.append(pct(ssr_by_group.get(group)))
-        rows.append((run.label, values))
-    headers = [f"R{n}" for n in range(1, N_TURNS + 1)] + ["SSR"]
-    return Table(
-        name="table4_rounds",
-        title="Session satisfaction by round",
-        caption="Rn: share of sessions whose first n turns all pass (%), and SSR (the mean of R1..R5), "
-        "within multi-turn dependent and parallel sessions; best per column in bold.",
-        latex_caption="R$_n$: share of sessions whose first $n$ turns all pass (\\%), and SSR (the mean of "
-        "R$_1$..R$_5$), within multi-turn dependent and parallel sessions; best per column in bold.",
-        groups=[("Dependent", headers), ("Parallel", headers)],
-        rows=rows,
-    )
-
-
-def table_csr_by_type(runs: Sequence[RunSummary]) -> Table:
-    rows = []
-    for run in runs:
-        by_type = run.metrics.get("csr_by_type") or {}
-        rows.append((run.label, [pct(by_type.get(kind)) for kind in TYPE_ORDER] + [pct(run.metrics.get("csr"))]))
-    return Table(
-        name="table6_csr_by_type",
-        title="CSR by constraint type",
-        caption="CSR (%) per constraint type and overall; best per column in bold.",
-        groups=[("", [kind.capitalize() for kind in TYPE_ORDER] + ["Overall"])],
-        rows=rows,
-    )
-
-
-def table_gt_gain(pairs: Sequence[GtPair]) -> Table:
-    rows = []
-    for pair in pairs:
-        gains = pair.turn_gains
-        overall = [
-            _diff_points(pair.gt.metrics.get("isr"), pair.base.metrics.get("isr")),
-            _diff_points(pair.gt.metrics.get("ssr"), pair.base.metrics.get("ssr")),
-        ]
-        rows.append((pair.label, gains + overall))
-    return Table(
-        name="table_gt_history_gain",
-        title="Gain from ground-truth history",
-        caption="ISR per turn, ISR and SSR with ground-truth history minus with the model's own "
-        "history, in percentage points. Turn 1 has no history, so its gain should be about zero.",
-        groups=[("ISR gain per turn", [f"T{n}" for n in range(1, N_TURNS + 1)]), ("Overall gain", ["ISR", "SSR"])],
-        rows=rows,
-        bold_best=False,
-        signed=True,
-        markdown_headers=[f"T{n}" for n in range(1, N_TURNS + 1)] + ["ISR", "SSR"],
-    )
-
-
-def build_tables(runs: Sequence[RunSummary], pairs: Sequence[GtPair] = ()) -> list[Table]:
-    tables = [table_overall(runs), table_alignment(runs), table_rounds(runs), table_csr_by_type(runs)]
-    if pairs:
-        tables.append(table_gt_gain(pairs))
-    return tables
-
-
-def sort_runs(runs: Sequence[RunSummary], key: str) -> list[RunSummary]:
-    """Runs as given, or by a headline metric, best first (stable for ties)."""
-    if key == "given":
-        return list(runs)
-    if key not in SORT_KEYS:
-        raise SysbenchError(f"--sort: unknown key {key!r} (choose from {', '.join(SORT_KEYS)})")
-    return sorted(runs, key=lambda run: -(_num(run.metrics.get(key)) or 0.0))
-
-
-# ---------------------------------------------------------------- rendering
-
-
-def escape_markdown(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("*", "\\*")
-
-
-_LATEX_SPECIALS = {
-    "\\": r"\textbackslash{}",
-    "&": r"\&",
-    "%": r"\%",
-    "$": r"\$",
-    "#": r"\#",
-    "_": r"\_",
-    "{": r"\{",
-    "}": r"\}",
-    "~": r"\textasciitilde{}",
-    "^": r"\textasciicircum{}",
-}
-
-
-def escape_latex(text: str) -> str:
-    """Plain text made safe for LaTeX (labels, file names): every special character escaped."""
-    return "".join(_LATEX_SPECIALS.get(char, char) for char in text)
-
-
-def render_markdown(table: Table) -> str:
-    best = table.best()
-    has_groups = any(group for group, _ in table.groups)
-    headers = [table.first_header]
-    if table.markdown_headers:
-        headers += table.markdown_headers
-    else:
-        for group, columns in table.groups:
-            headers += [f"{group} {column}" if has_groups and group else column for column in columns]
-    lines = [
-        "| " + " | ".join(escape_markdown(h) for h in headers) + " |",
-        "| :--- | " + " | ".join("---:" for _ in headers[1:]) + " |",
-    ]
-    for index, (label, values) in enumerate(table.rows):
-        cells = [escape_markdown(label)]
-        for column, value in enumerate(values):
-            text = table.fmt(value)
-            if value is None:
-                text = "–"
-            elif best[column] is not None and text == best[column]:
-                text = f"**{text}**"
-            if table.notes and table.notes[index][column]:
-                text += table.notes[index][column]
-            cells.append(text)
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def render_latex(table: Table) -> str:
-    """A booktabs ``table`` environment; ``\\input`` it into a document that loads booktabs."""
-    best = table.best()
-    n_columns = len(table.columns)
-    lines = [
-        f"% {table.title}: generated by sysbench-gpu {__version__}. Needs \\usepackage{{booktabs}}.",
-        "\\begin{table}[htbp]",
-        "\\centering",
-    ]
-    if n_columns > 8:
-        lines += ["\\small", "\\setlength{\\tabcolsep}{4pt}"]
-    lines += [
-        f"\\caption{{{table.latex_caption or escape_latex(table.caption)}}}",
-        f"\\label{{tab:{table.name.replace('_', '-')}}}",
-        "\\begin{tabular}{l" + "r" * n_columns + "}",
-        "\\toprule",
-    ]
-    if any(group for group, _ in table.groups):
-        spans, rules, start = [""], [], 2
-        for group, columns in table.groups:
-            width = len(columns)
-            header = escape_latex(group)
-            spans.append(f"\\multicolumn{{{width}}}{{c}}{{{header}}}" if width > 1 else header)
-            if group:
-                rules.append(f"\\cmidrule(lr){{{start}-{start + width - 1}}}")
-            start += width
-        lines.append(" & ".join(spans) + " \\\\")
-        lines.append("".join(rules))
-    lines.append(" & ".join([table.first_header] + [escape_latex(c) for c in table.columns]) + " \\\\")
-    lines.append("\\midrule")
-    for label, values in table.rows:
-        cells = [escape_latex(label)]
-        for column, value in enumerate(values):
-            text = table.fmt(value)
-            if value is None:
-                text = "--"
-            elif text.startswith("-"):
-                text = "$-$" + text[1:]  # a minus sign, not a hyphen
-            if value is not None and best[column] is not None and table.fmt(value) == best[column]:
-                text = f"\\textbf{{{text}}}"
-            cells.append(text)
-        lines.append(" & ".join(cells) + " \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
-    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------- the report
@@ -578,7 +143,11 @@ def write_report(
                 "band, although turn 1 has the same (empty) history in both runs; are they the same model and judge?"
             )
 
+    groups, ablation_warnings = ablation_groups(runs, pairs)
+    warnings += ablation_warnings
     tables = build_tables(runs, pairs)
+    if groups:
+        tables.append(table_history_ablation(groups))
     table_paths: list[Path] = []
     for table in tables:
         for suffix, text in (("md", render_markdown(table)), ("tex", render_latex(table))):
@@ -606,11 +175,15 @@ def write_report(
         if pairs:
             drawn = figs.plot_gt_history_gain(
                 [pair.label for pair in pairs],
-                [pair.turn_gains for pair in pairs],
+                [gains_by_group(pair) for pair in pairs],
                 out_dir / "fig_gt_history_gain",
                 formats,
             )
             figure_paths["fig_gt_history_gain"] = drawn.paths
+            warnings += drawn.warnings
+        if groups:
+            drawn = figs.plot_history_ablation_isr(ablation_panels(groups), out_dir / "fig_history_ablation_isr", formats)
+            figure_paths["fig_history_ablation_isr"] = drawn.paths
             warnings += drawn.warnings
 
     from sysbench_gpu.profile import report_section  # runs with stats.json get a throughput profile
@@ -661,7 +234,9 @@ def _turn1_check(pairs: Sequence[GtPair]) -> str:
 _FIGURE_CAPTIONS = {
     "fig_dataset_distribution": "Dataset: sessions per domain and constraints per type",
     "fig_radar_csr_by_type": "CSR per constraint type",
-    "fig_gt_history_gain": "ISR gain per turn from ground-truth history (turn 1 should be about zero)",
+    "fig_gt_history_gain": "ISR gain per turn from ground-truth history, dependent and parallel sessions apart "
+    "(dashed: ±|ΔT1|, the turn-1 gain, which is noise since turn 1 has no history)",
+    "fig_history_ablation_isr": "ISR per turn of each model under the history ablations",
 }
 
 
@@ -754,6 +329,7 @@ def _report_json(
             },
             "dataset_sha256": run.dataset_sha256,
             "checklist_sha256": run.checklist_sha256,
+            "history_kind": run_kind(manifest).name,
             "metrics": run.metrics,
         }
 
@@ -772,6 +348,7 @@ def _report_json(
                 "gt": describe(pair.gt),
                 "base": describe(pair.base),
                 "isr_gain_by_turn_points": pair.turn_gains,
+                "isr_gain_by_turn_by_group_points": gains_by_group(pair),
                 "turn1_noise_band_points": pair.turn1_noise_band,
                 "isr_gain_points": _diff_points(pair.gt.metrics.get("isr"), pair.base.metrics.get("isr")),
                 "ssr_gain_points": _diff_points(pair.gt.metrics.get("ssr"), pair.base.metrics.get("ssr")),
@@ -834,6 +411,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
         labels = list(given)
     formats = parse_formats(args.formats)
     pair_paths = [parse_gt_pair(text) for text in args.gt_pair]
+    if any(_is_mteval(path) for path in args.runs):
+        return _cmd_report_mteval(args, labels, formats, pair_paths)
     options = {
         "allow_partial": args.allow_partial,
         "exclude_unparsed": args.exclude_unparsed,
@@ -887,6 +466,48 @@ def _cmd_report(args: argparse.Namespace) -> int:
         f"wrote {len(result.tables)} table files, {len(result.figures)} figure files, report.md and report.json "
         f"to {result.out_dir}"
     )
+    return 0
+
+
+def _is_mteval(path: str) -> bool:
+    from sysbench_gpu.report_mteval import is_mteval_run
+
+    return is_mteval_run(path)
+
+
+def _cmd_report_mteval(args: argparse.Namespace, labels: Sequence[str | None], formats: Sequence[str],
+                       pair_paths: Sequence[tuple[Path, Path]]) -> int:
+    """``report`` on MT-Eval runs (every run must be one): leaderboard, tasks, turns, side by side."""
+    from tqdm import tqdm
+
+    from sysbench_gpu.report_mteval import load_mteval_run, write_mteval_report
+
+    sysbench = [path for path in args.runs if not _is_mteval(path)]
+    if sysbench:
+        raise SysbenchError(f"report: {sysbench[0]} is a SysBench run among MT-Eval runs; "
+                            "report the two benchmarks separately")
+    if pair_paths:
+        raise SysbenchError("--gt-pair applies to SysBench runs; MT-Eval gold-history runs go in the list of runs "
+                            "and are shown beside the same model's runs")
+    if args.sort != "given":
+        raise SysbenchError("--sort applies to SysBench runs; MT-Eval rows follow the order of the runs")
+    options = {
+        "allow_partial": args.allow_partial,
+        "exclude_unparsed": args.exclude_unparsed,
+        "exclude_skipped": args.exclude_skipped,
+        "resamples": args.resamples,
+        "seed": args.seed,
+    }
+    runs = [load_mteval_run(path, label, **options)
+            for path, label in tqdm(list(zip(args.runs, labels)), desc="metrics", unit="run", file=sys.stderr,
+                                    disable=None)]
+    tables, figures, warnings = write_mteval_report(
+        runs, args.out, formats=formats, figures=not args.no_figures, options=options,
+        arguments={key: value for key, value in vars(args).items() if key != "func"},
+    )
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"wrote {len(tables)} table files, {len(figures)} figure files, report.md and report.json to {args.out}")
     return 0
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import platform
 import tempfile
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Generic, Iterable, Iterator, TypeVar
+from typing import Any, ClassVar, Generic, Iterable, Iterator, TypeVar
 
 from sysbench_gpu.data import CONSTRAINT_TYPES, Dataset, Session, load_dataset
 from sysbench_gpu.errors import SysbenchError
@@ -97,7 +98,13 @@ class JudgmentRecord:
     checklist numbers, ``unparsed`` when every retry failed (then ``verdicts`` is
     empty and ``raw_reply`` keeps the last reply), ``imported`` for verdicts read
     from a published workbook.
+
+    MT-Eval turns carry a ``score`` instead of verdicts: 1-10 from the LLM judge
+    (``scorer`` ``judge``), 0 or 10 from a rule (``cls``, ``ifeval``). Both fields are
+    written only when set, so SysBench records keep their exact format.
     """
+
+    OMITTED_WHEN_NULL: ClassVar[tuple[str, ...]] = ("score", "scorer")
 
     system_id: int
     turn: int
@@ -109,6 +116,8 @@ class JudgmentRecord:
     raw_reply: str | None = None
     attempts: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
+    score: float | None = None  # MT-Eval: 0..10
+    scorer: str | None = None  # MT-Eval: judge | cls | ifeval
 
     @property
     def key(self) -> Key:
@@ -127,10 +136,16 @@ Record = TypeVar("Record", GenerationRecord, JudgmentRecord)
 GENERATION_STATUSES = ("ok", "skipped")
 HISTORY_MODES = ("model", "reference", "single-turn", "upstream")
 PARSE_STATUSES = ("ok", "unparsed", "imported", "skipped")
+SCORERS = ("judge", "cls", "ifeval")  # as mteval.data.SCORERS (a test keeps them equal)
+MIN_SCORE, MAX_SCORE = 0.0, 10.0
 
 
 def _record_to_json(record: Any) -> str:
-    return json.dumps(dataclasses.asdict(record), ensure_ascii=False, separators=(",", ":"))
+    obj = dataclasses.asdict(record)
+    for name in getattr(record, "OMITTED_WHEN_NULL", ()):
+        if obj.get(name) is None:
+            del obj[name]
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 class _FieldError(ValueError):
@@ -225,18 +240,46 @@ def _judgment_from_dict(obj: Any) -> JudgmentRecord:
     attempts = _field(obj, "attempts", _INT, default=1)
     if attempts < 0:
         raise _FieldError("attempts", f"is {attempts}, expected 0 or more")
+    parse_status = _choice(obj, "parse_status", PARSE_STATUSES, "ok")
+    score = _score_field(obj)
+    scorer = _field(obj, "scorer", _STR, optional=True, default=None)
+    if scorer is not None and scorer not in SCORERS:
+        raise _FieldError("scorer", f"is {scorer!r}, expected one of {', '.join(SCORERS)} or null")
+    if score is not None:
+        if scorer is None:
+            raise _FieldError("scorer", "is missing: a record with a score names its scorer")
+        if parse_status != "ok":
+            raise _FieldError("score", f"is {score:g} but parse_status is {parse_status!r}: only an ok record has a score")
+        if verdicts:
+            raise _FieldError("verdicts", "should be empty on a record with a score")
+    elif scorer is not None and parse_status == "ok":
+        raise _FieldError("score", f"is missing but parse_status is 'ok' and scorer is {scorer!r}")
     return JudgmentRecord(
         system_id=system_id,
         turn=turn,
         verdicts={str(k): _verdict_from_dict(str(k), v) for k, v in verdicts.items()},
-        parse_status=_choice(obj, "parse_status", PARSE_STATUSES, "ok"),
+        parse_status=parse_status,
         reasoning=_field(obj, "reasoning", _STR, optional=True, default=None),
         judge_model=_field(obj, "judge_model", _STR, optional=True, default=None),
         template_hash=_field(obj, "template_hash", _STR, optional=True, default=None),
         raw_reply=_field(obj, "raw_reply", _STR, optional=True, default=None),
         attempts=attempts,
         extra=_field(obj, "extra", _DICT, default={}),
+        score=score,
+        scorer=scorer,
     )
+
+
+def _score_field(obj: dict[str, Any]) -> float | None:
+    """``score``: absent or null, else a finite number from 0 to 10 (read as a float)."""
+    value = obj.get("score")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _FieldError("score", f"should be a number from 0 to 10 or null, found {json_type(value)}")
+    if not math.isfinite(value) or not MIN_SCORE <= value <= MAX_SCORE:
+        raise _FieldError("score", f"is {value!r}, expected a number from 0 to 10")
+    return float(value)
 
 
 _NAMED_DUPLICATES = 3

@@ -263,7 +263,8 @@ def test_radar_with_fourteen_runs_has_no_font_warnings(tmp_path):
     assert drawn.warnings == []
     _assert_figure(drawn.paths[0])
     # A Chinese label would have no glyph in the default fonts: the warning is caught and handed back.
-    drawn = figures.plot_gt_history_gain(["模型"], [[0, 1, 2, 3, 4]], tmp_path / "gain", ["png"])
+    drawn = figures.plot_gt_history_gain(["模型"], [{"dependent": [0, 1, 2, 3, 4], "parallel": [1, 0, 2, 1, 3]}],
+                                         tmp_path / "gain", ["png"])
     assert any("missing from" in w for w in drawn.warnings)
 
 

@@ -6,6 +6,8 @@
 - ``judge_prompt``: the 1-10 LLM judge for refinement, expansion and follow-up.
 - ``metrics``: per-task, per-category, per-turn and overall scores with bootstrap CIs.
 - ``tables``: the leaderboard-layout table and paired comparisons as Markdown.
+- ``scoring``: the judge stage on MT-Eval runs (1-10 judge tasks, rule-scored records).
+- ``run_metrics``: ``metrics`` and ``compare`` on MT-Eval run directories.
 
 See docs/mteval.md.
 """

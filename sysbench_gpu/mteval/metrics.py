@@ -193,16 +193,18 @@ def mteval_metrics(turns: Sequence[TurnScore], *, resamples: int = 1000, seed: i
 
 
 def compare_mteval(turns_a: Sequence[TurnScore], turns_b: Sequence[TurnScore], *, resamples: int = 1000,
-                   seed: int = 0) -> dict[str, Any]:
+                   seed: int = 0, paired: bool | None = None) -> dict[str, Any]:
     """B - A for the overall, category and task scores both runs have, with a bootstrap CI of the difference.
 
     Paired (the same resamples for both) when the runs cover exactly the same turns, e.g. model
     against gold history; otherwise (multi against single) each run is resampled on its own.
+    ``paired`` False forces independent resamples (the caller knows the dialogues differ even
+    where the keys agree); True is honoured only when the turns agree.
     """
     table_a, table_b = build_table(turns_a), build_table(turns_b)
     keys_a = {(t.task, t.system_id, t.turn) for t in turns_a}
     keys_b = {(t.task, t.system_id, t.turn) for t in turns_b}
-    paired = keys_a == keys_b
+    paired = keys_a == keys_b and paired is not False
     index_a = stratified_index(table_a, resamples, seed)
     index_b = index_a if paired else stratified_index(table_b, resamples, seed + 1000)
     rows: dict[str, dict[str, Any]] = {}
