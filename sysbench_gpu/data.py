@@ -565,7 +565,7 @@ def download_official(dest: Path, url: str = OFFICIAL_URL, timeout: float = 60.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    data = subparsers.add_parser("data", help="download, validate and describe the SysBench data")
+    data = subparsers.add_parser("data", help="download, validate and describe SysBench or MT-Eval data")
     data_sub = data.add_subparsers(dest="data_command", metavar="ACTION")
 
     download = data_sub.add_parser(

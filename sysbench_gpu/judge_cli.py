@@ -37,7 +37,7 @@ REJUDGE_WAIT_S = 600.0  # how long a non-primary rank waits for the primary to c
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "judge",
-        help="judge generated turns against their checklists; `judge agreement A B` compares two runs",
+        help="judge generated turns (SysBench checklists; MT-Eval rules or 1-10 scores); `judge agreement A B` compares two runs",
         description=(
             "sysbench-gpu judge RUN_DIR --judge {openai,vllm,hf} --judge-model NAME [...]\n"
             "sysbench-gpu judge RUN_DIR   (an MT-Eval run of rule-scored tasks: no judge model needed)\n"

@@ -519,7 +519,7 @@ def _check_same_coverage(a: LoadedRun, b: LoadedRun) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("metrics", help="CSR, ISR, SSR and breakdowns of a judged run")
+    parser = subparsers.add_parser("metrics", help="CSR, ISR, SSR and breakdowns of a judged run (MT-Eval: scores by task, category and turn)")
     parser.add_argument("run_dir", help="run directory (generated and judged, or imported)")
     parser.add_argument("--json", action="store_true", help="print JSON (fractions in [0, 1])")
     parser.add_argument(
@@ -533,7 +533,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     parser.set_defaults(func=_cmd_metrics)
 
-    compare = subparsers.add_parser("compare", help="paired difference of two runs' metrics (B - A) with CIs")
+    compare = subparsers.add_parser("compare", help="difference of runs' metrics (B - A) with CIs, paired where they share sessions")
     compare.add_argument("run_a", help="baseline run directory")
     compare.add_argument("run_b", nargs="+",
                          help="run directory compared against it (MT-Eval: one or more, each against RUN_A)")
