@@ -9,7 +9,7 @@ unchanged. At a captured layer (``module.layer_idx``) one of two paths runs:
   every row's log-sum-exp (``attn_kernels``: PyTorch's CPU flash kernel, which SDPA itself
   runs on the CPU; on CUDA flash-attn or PyTorch's flash / memory-efficient kernels); the
   model gets that output, and the shares cost only the span's keys
-  (``share = exp(LSE_span - LSE_all)``, ``attn_math.span_lse``);
+  (``share = exp(LSE_span - LSE_all)``, ``attn_math.span_share_given_lse``);
 * fallback (eager models, or where no kernel applies): the model's own call runs, and
   ``attn_math.span_share`` recomputes each row's log-sum-exp over all keys in chunks.
 
@@ -35,9 +35,8 @@ from sysbench_gpu.attn_math import (
     DEFAULT_BUDGET_BYTES,
     eager_reference_shares,
     plan_chunks,
-    shares_from_lse,
-    span_lse,
     span_share,
+    span_share_given_lse,
 )
 from sysbench_gpu.errors import SysbenchError
 
@@ -326,9 +325,8 @@ class AttentionShareCapture:
                 self._note(layer, f"fallback ({reason})")
         if kernel is not None:
             plan = plan_chunks(1, plan_heads, query.shape[2], _span_hull(self.spans, key.shape[2]), self.budget_bytes, self.chunk_tokens)
-            lses = span_lse(query, key, self.spans, scale=call.scale, q_chunk=plan.q_chunk, k_chunk=plan.k_chunk,
-                            causal=call.causal, mask=call.mask)
-            shares = shares_from_lse(lses, kernel.lse)
+            shares = span_share_given_lse(query, key, self.spans, kernel.lse, scale=call.scale, q_chunk=plan.q_chunk,
+                                          k_chunk=plan.k_chunk, causal=call.causal, mask=call.mask)
             output: Any = (kernel.output, None)
             self._note(layer, f"kernel-lse ({choice.name}){call.note}")
         else:
@@ -399,7 +397,7 @@ class _LayerCall:
 
 
 def _span_hull(spans: Sequence[tuple[int, int]], t_k: int) -> int:
-    """Keys between the first span's start and the last span's end (what span_lse reads per query)."""
+    """Keys between the first span's start and the last span's end (what span_share_given_lse reads per query)."""
     live = [(max(0, a), min(t_k, b)) for a, b in spans if min(t_k, b) > max(0, a)]
     return max(1, max(b for _, b in live) - min(a for a, _ in live)) if live else 1
 

@@ -2,7 +2,7 @@
 
 The capture needs ``LSE_all`` (the log-sum-exp of each query's scores over every key it
 sees) from the same kernel call that computes the layer's output, so the model gets that
-call's output back and the share costs only the span's keys (``attn_math.span_lse``).
+call's output back and the share costs only the span's keys (``attn_math.span_share_given_lse``).
 
 Every function takes the tensors transformers' attention interface passes (query
 ``[B, H, T, D]``, key and value ``[B, KVH, T, D]`` after RoPE, the model's mask or None)

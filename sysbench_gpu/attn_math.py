@@ -3,9 +3,10 @@
 For a query q and a key span S the share is ``share_S(q) = exp(LSE_S(q) - LSE_all(q))``,
 with ``LSE_X(q)`` the log-sum-exp of q's scores over the keys of X that q can see.
 
-* ``span_lse``: LSE over each span's keys only, O(T x |S| x d). With ``LSE_all`` taken
-  from the attention kernel that computed the layer's output (``attn_kernels``), this is
-  all the capture adds to a forward: the kernel-LSE path.
+* ``span_share_given_lse``: with ``LSE_all`` taken from the attention kernel that computed
+  the layer's output (``attn_kernels``), the share needs only the span's keys,
+  O(T x |S| x d), summed as ``exp(s - LSE_all)``: the kernel-LSE path, all the capture adds
+  to a forward.
 * ``span_share``: the fallback where no kernel returns LSE (eager attention): an online
   log-sum-exp over all keys in chunks, a second attention pass, O(T^2 x d).
 
@@ -207,68 +208,86 @@ def _clip_spans(spans: Sequence[tuple[int, int]], t_k: int) -> list[tuple[int, i
 # ----------------------------------------------------------------- kernel-LSE path
 
 
-def span_lse(
+def span_share_given_lse(
     query: "torch.Tensor",
     key: "torch.Tensor",
     spans: Sequence[tuple[int, int]],
+    lse_all: "torch.Tensor",
     scale: float | None = None,
     q_chunk: int | None = None,
     k_chunk: int | None = None,
     *,
     causal: bool = True,
-    sliding_window: int | None = None,
     softcap: float | None = None,
     mask: "torch.Tensor | None" = None,
 ) -> "torch.Tensor":
-    """Log-sum-exp of every query's scores over the visible keys of each span, per head.
+    """Attention share of each key span per query and head, given each row's log-sum-exp over all its keys.
 
-    Arguments as ``span_share``. Only the keys of the spans are read: O(Tq x |spans| x D).
-    Returns fp32 ``[B, H, Tq, n_spans]``; ``-inf`` where a query sees no key of the span
-    (a query before the span, or the span outside its window), so its share is 0.
+    ``share_S(q) = exp(LSE_S(q) - LSE_all(q)) = sum_{k in S, visible} exp(s_qk - LSE_all(q))``: with
+    ``LSE_all`` from the attention kernel (``lse_all``: [B, H, Tq]), only the spans' keys are read,
+    O(Tq x |spans| x D), and no running maximum is needed since every term is at most 1.
+    Other arguments as ``span_share``. Returns fp32 ``[B, H, Tq, n_spans]``: 0 where a query sees
+    no key of the span (a query before the span starts, or the mask hides it).
     """
     import torch
 
     shape = _shape(query, key)
     scale = shape.dim**-0.5 if scale is None else float(scale)
     spans = _clip_spans(spans, shape.t_k)
-    out = torch.full((shape.batch, shape.kv_heads, shape.group, shape.t_q, len(spans)), float("-inf"),
-                     dtype=torch.float32, device=query.device)
+    lead = (shape.batch, shape.kv_heads, shape.group)
+    out = torch.zeros(*lead, shape.t_q, len(spans), dtype=torch.float32, device=query.device)
     live = [(a, b) for a, b in spans if a < b]
     if not live:
         return out.reshape(shape.batch, shape.heads, shape.t_q, len(spans))
     lo, hi = min(a for a, _ in live), max(b for _, b in live)
     q_chunk = shape.t_q if not q_chunk else max(1, int(q_chunk))
     k_chunk = (hi - lo) if not k_chunk else max(1, int(k_chunk))
+    row_lse = lse_all.float().reshape(*lead, shape.t_q)
     mask_view = _grouped_mask(mask, shape.batch, shape.kv_heads, shape.group, shape.t_q, shape.t_k) if mask is not None else None
     with ieee_fp32_matmul():
         for q0 in range(0, shape.t_q, q_chunk):
             q1 = min(q0 + q_chunk, shape.t_q)
-            k_start, k_stop = _key_range(q0, q1, lo, hi, shape, causal, sliding_window, mask is not None)
+            k_start, k_stop = _key_range(q0, q1, lo, hi, shape, causal, None, mask is not None)
             if k_start >= k_stop:
                 continue  # these queries see no key of any span
-            rows = _query_rows(query, shape, q0, q1)
+            rows = _query_rows(query, shape, q0, q1) * scale  # a fresh tensor: never scale the model's query in place
+            shift = row_lse[:, :, :, q0:q1].reshape(shape.batch, shape.kv_heads, -1, 1)
             block_out = out[:, :, :, q0:q1]
             for k0 in range(k_start, k_stop, k_chunk):
                 k1 = min(k0 + k_chunk, k_stop)
-                scores = _scores(rows, key, k0, k1, scale, softcap, shape, q1 - q0)
-                _apply_visibility(scores, mask_view, q0, q1, k0, k1, shape, causal, sliding_window)
+                weights = _exp_scores(rows, key, k0, k1, shift, softcap, mask_view, q0, q1, shape, causal)
                 for index, (start, end) in enumerate(spans):
                     a, b = max(start, k0), min(end, k1)
                     if a < b:
-                        part = torch.logsumexp(scores[..., a - k0 : b - k0], dim=-1)
-                        block_out[..., index] = torch.logaddexp(block_out[..., index], part)
-                del scores
+                        block_out[..., index] += weights[..., a - k0 : b - k0].sum(dim=-1)
+                del weights
+    # A row that sees no key at all (LSE_all = -inf) has no share of anything.
+    out = torch.where(torch.isfinite(row_lse).unsqueeze(-1), out, torch.zeros_like(out))
     return out.reshape(shape.batch, shape.heads, shape.t_q, len(spans))
 
 
-def shares_from_lse(span_lses: "torch.Tensor", lse_all: "torch.Tensor") -> "torch.Tensor":
-    """``exp(LSE_span - LSE_all)``: [B, H, T, n_spans] from span LSEs and the kernel's row LSE [B, H, T] (fp32)."""
+def _exp_scores(rows: "torch.Tensor", key: "torch.Tensor", k0: int, k1: int, shift: "torch.Tensor", softcap: float | None,
+                mask_view: "torch.Tensor | None", q0: int, q1: int, shape: _Shape, causal: bool) -> "torch.Tensor":
+    """``exp(score - LSE_all)`` of the (pre-scaled) query rows against keys k0..k1, invisible keys 0: [B, KVH, G, C, K]."""
     import torch
 
-    total = lse_all.float().unsqueeze(-1)
-    shares = torch.exp(span_lses - total)
-    # A row that sees no key at all (LSE_all = -inf) has no share of anything.
-    return torch.where(torch.isfinite(total), shares, torch.zeros_like(shares))
+    keys = key[:, :, k0:k1].float().transpose(-1, -2)  # [B, KVH, D, K]: a view for fp32 keys, never repeated per group
+    scores = torch.matmul(rows, keys)  # [B, KVH, G*C, K], already scaled through the rows
+    if softcap:
+        scores = scores.div_(softcap).tanh_().mul_(softcap)
+    view = scores.view(shape.batch, shape.kv_heads, shape.group, q1 - q0, k1 - k0)
+    block_mask = None if mask_view is None else mask_view[..., q0:q1, k0:k1]
+    if block_mask is not None and block_mask.dtype != torch.bool:
+        view.add_(block_mask)  # an additive mask acts before the exponential
+    weights = scores.sub_(shift).exp_()  # in place: one block
+    if block_mask is not None and block_mask.dtype == torch.bool:
+        view.masked_fill_(~block_mask, 0.0)
+    offset = shape.offset
+    if causal and k1 - 1 > q0 + offset:  # the block crosses the diagonal: keys after their query are invisible
+        q_pos = torch.arange(q0 + offset, q1 + offset, device=scores.device)
+        k_pos = torch.arange(k0, k1, device=scores.device)
+        view.masked_fill_(k_pos[None, :] > q_pos[:, None], 0.0)
+    return view
 
 
 # ----------------------------------------------------------------- fallback path

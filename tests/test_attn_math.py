@@ -14,9 +14,8 @@ torch = pytest.importorskip("torch")
 from sysbench_gpu.attn_math import (  # noqa: E402
     ieee_fp32_matmul,
     plan_chunks,
-    shares_from_lse,
-    span_lse,
     span_share,
+    span_share_given_lse,
 )
 from sysbench_gpu.errors import SysbenchError  # noqa: E402
 
@@ -46,8 +45,7 @@ def naive_shares(q, k, spans, scale, mask_fn=None, softcap=None):
 def kernel_lse_shares(q, k, spans, scale, q_chunk=None, k_chunk=None, mask_fn=None, softcap=None, **kwargs):
     """The kernel-LSE path with LSE_all from a dense reference (standing in for the kernel's)."""
     lse_all = dense_scores(q, k, scale, mask_fn, softcap).logsumexp(-1).float()
-    lses = span_lse(q, k, spans, scale=scale, q_chunk=q_chunk, k_chunk=k_chunk, softcap=softcap, **kwargs)
-    return shares_from_lse(lses, lse_all)
+    return span_share_given_lse(q, k, spans, lse_all, scale=scale, q_chunk=q_chunk, k_chunk=k_chunk, softcap=softcap, **kwargs)
 
 
 CHUNKS = [(1, 1), (5, 7), (7, 64), (None, None), (13, 3)]
@@ -64,7 +62,7 @@ def test_fallback_span_share_matches_dense_softmax_with_gqa(q_chunk, k_chunk):
 
 
 @pytest.mark.parametrize("q_chunk,k_chunk", CHUNKS)
-def test_span_lse_shares_match_dense_softmax_with_gqa(q_chunk, k_chunk):
+def test_shares_given_the_kernels_lse_match_dense_softmax_with_gqa(q_chunk, k_chunk):
     torch.manual_seed(0)
     q, k = torch.randn(2, 6, 29, 16) * 2, torch.randn(2, 2, 29, 16) * 2
     spans = [(0, 3), (3, 17), (10, 29), (28, 40), (5, 5)]
@@ -78,12 +76,15 @@ def test_causal_visibility_of_a_span():
     torch.manual_seed(2)
     q, k = torch.randn(1, 4, 20, 8), torch.randn(1, 2, 20, 8)
     spans = [(6, 12)]
-    lses = span_lse(q, k, spans, scale=0.3, q_chunk=4, k_chunk=5)
-    assert torch.isneginf(lses[:, :, :6]).all()  # queries 0-5 come before the span
     shares = kernel_lse_shares(q, k, spans, 0.3, 4, 5)
     assert torch.equal(shares[:, :, :6], torch.zeros_like(shares[:, :, :6]))
     # Query 8 sees keys 6, 7, 8 of the span: its share is their softmax mass, nothing of keys 9-11.
     assert torch.allclose(shares, naive_shares(q, k, spans, 0.3), atol=TOL)
+    # A row whose kernel saw no key at all (LSE -inf, e.g. fully masked) has share 0, not inf or nan.
+    lse_all = dense_scores(q, k, 0.3).logsumexp(-1).float()
+    lse_all[:, :, 10] = float("-inf")
+    got = span_share_given_lse(q, k, spans, lse_all, scale=0.3)
+    assert torch.equal(got[:, :, 10], torch.zeros_like(got[:, :, 10])) and torch.isfinite(got).all()
 
 
 @pytest.mark.parametrize("path", ["fallback", "kernel-lse"])
@@ -93,12 +94,10 @@ def test_window_softcap_masks_and_offset(path):
     spans = [(0, 5), (5, 23)]
     window_fn = lambda qi, ki: (ki <= qi) & (qi - ki < 5)  # noqa: E731
     expected = naive_shares(q, k, spans, 0.5, mask_fn=window_fn, softcap=3.0)
-    if path == "fallback":
+    if path == "fallback":  # a window given as a number (the kernel path gets windows only as the model's mask)
         windowed = span_share(q, k, spans, scale=0.5, q_chunk=4, k_chunk=6, sliding_window=5, softcap=3.0)
-    else:
-        windowed = kernel_lse_shares(q, k, spans, 0.5, 4, 6, mask_fn=window_fn, softcap=3.0, sliding_window=5)
-    assert torch.allclose(windowed, expected, atol=TOL)
-    # The same window given as the model's boolean mask, and as an additive float mask.
+        assert torch.allclose(windowed, expected, atol=TOL)
+    # The window given as the model's boolean mask, and as an additive float mask.
     qi, ki = torch.arange(23)[:, None], torch.arange(23)[None, :]
     bool_mask = ((ki <= qi) & (qi - ki < 5))[None, None]
     float_mask = torch.zeros(1, 1, 23, 23).masked_fill(~bool_mask, torch.finfo(torch.float32).min)
@@ -111,11 +110,10 @@ def test_window_softcap_masks_and_offset(path):
     # Fewer queries than keys: the queries are the last positions (prefix cache).
     if path == "fallback":
         tail = span_share(q[:, :, -6:], k, spans, scale=0.5, q_chunk=4, k_chunk=5)
-        assert torch.allclose(tail, naive_shares(q, k, spans, 0.5)[:, :, -6:], atol=TOL)
     else:
-        lses = span_lse(q[:, :, -6:], k, spans, scale=0.5, q_chunk=4, k_chunk=5)
         lse_all = dense_scores(q, k, 0.5).logsumexp(-1).float()[:, :, -6:]
-        assert torch.allclose(shares_from_lse(lses, lse_all), naive_shares(q, k, spans, 0.5)[:, :, -6:], atol=TOL)
+        tail = span_share_given_lse(q[:, :, -6:], k, spans, lse_all, scale=0.5, q_chunk=4, k_chunk=5)
+    assert torch.allclose(tail, naive_shares(q, k, spans, 0.5)[:, :, -6:], atol=TOL)
 
 
 def test_per_head_mask_and_shape_errors():
@@ -130,10 +128,10 @@ def test_per_head_mask_and_shape_errors():
     expected = torch.cat(expected, dim=1)
     assert torch.allclose(span_share(q, k, [(0, 4)], scale=0.4, q_chunk=3, k_chunk=4, mask=per_head), expected, atol=TOL)
     dense = dense_scores(q, k, 0.4).masked_fill(~per_head, float("-inf")).logsumexp(-1).float()
-    lses = span_lse(q, k, [(0, 4)], scale=0.4, q_chunk=3, k_chunk=3, mask=per_head)
-    assert torch.allclose(shares_from_lse(lses, dense), expected, atol=TOL)
+    got = span_share_given_lse(q, k, [(0, 4)], dense, scale=0.4, q_chunk=3, k_chunk=3, mask=per_head)
+    assert torch.allclose(got, expected, atol=TOL)
     with pytest.raises(SysbenchError, match="not a multiple"):
-        span_lse(torch.randn(1, 3, 4, 8), torch.randn(1, 2, 4, 8), [(0, 1)])
+        span_share_given_lse(torch.randn(1, 3, 4, 8), torch.randn(1, 2, 4, 8), [(0, 1)], torch.zeros(1, 3, 4))
     with pytest.raises(SysbenchError, match="more queries"):
         span_share(torch.randn(1, 2, 5, 8), torch.randn(1, 2, 4, 8), [(0, 1)])
 
@@ -154,7 +152,7 @@ _PEAK_SCRIPT = textwrap.dedent(
     import ctypes, sys
     from pathlib import Path
     import torch
-    from sysbench_gpu.attn_math import span_lse, span_share
+    from sysbench_gpu.attn_math import span_share, span_share_given_lse
 
     def status(field):
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -167,7 +165,11 @@ _PEAK_SCRIPT = textwrap.dedent(
     # 32 query heads over 2 KV heads, 4096 keys of dimension 512: the key block is 16 MiB, and a copy
     # per group member would be 256 MiB; 16 queries keep the score blocks themselves at 8 MiB.
     q, k = torch.randn(1, 32, 16, 512), torch.randn(1, 2, 4096, 512)
-    fn = span_share if which == "fallback" else span_lse
+    lse = torch.randn(1, 32, 16) + 20
+    if which == "fallback":
+        fn = span_share
+    else:
+        fn = lambda q_, k_, spans, **kw: span_share_given_lse(q_, k_, spans, lse[:, :, : q_.shape[2]], **kw)
     fn(q[:, :, :2], k[:, :, :64], [(0, 8)], q_chunk=16, k_chunk=4096)  # warm up allocator and kernels
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     Path("/proc/self/clear_refs").write_text("5")
@@ -210,7 +212,7 @@ def test_tf32_set_by_the_user_does_not_reach_the_score_matmuls(monkeypatch):
         torch.backends.mkldnn.matmul.fp32_precision = "bf16"
         q, k = torch.randn(1, 2, 6, 4), torch.randn(1, 1, 6, 4)
         span_share(q, k, [(0, 2)], q_chunk=3, k_chunk=4)
-        span_lse(q, k, [(0, 2)], q_chunk=3, k_chunk=4)
+        span_share_given_lse(q, k, [(0, 2)], torch.zeros(1, 2, 6), q_chunk=3, k_chunk=4)
         assert seen and all(pair == ("ieee", "ieee") for pair in seen)
         # The user's settings are back afterwards, readable through the legacy API too.
         assert (matmul.fp32_precision, mkldnn.fp32_precision) == ("tf32", "bf16")

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 from sysbench_gpu.attn_hooks import AttentionShareCapture, eager_reference_shares  # noqa: E402
 from sysbench_gpu.attn_kernels import flash_attn_installed  # noqa: E402
-from sysbench_gpu.attn_math import shares_from_lse, span_lse, span_share  # noqa: E402
+from sysbench_gpu.attn_math import span_share, span_share_given_lse  # noqa: E402
 from sysbench_gpu.engines.base import SamplingSpec  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -38,9 +38,11 @@ def test_span_math_on_cuda_matches_cpu():
     on_cpu = span_share(q, k, spans, scale=0.125, q_chunk=128, k_chunk=200)
     on_gpu = span_share(q.cuda(), k.cuda(), spans, scale=0.125, q_chunk=128, k_chunk=200)
     assert torch.allclose(on_gpu.cpu(), on_cpu, atol=1e-5)
-    lse_cpu = span_lse(q, k, spans, scale=0.125, q_chunk=128, k_chunk=200)
-    lse_gpu = span_lse(q.cuda(), k.cuda(), spans, scale=0.125, q_chunk=128, k_chunk=200)
-    assert torch.allclose(lse_gpu.cpu(), lse_cpu, atol=1e-4)
+    lse = (q @ k.repeat_interleave(4, dim=1).transpose(-1, -2) * 0.125).masked_fill(
+        torch.ones(700, 700, dtype=torch.bool).triu(1), float("-inf")).logsumexp(-1)
+    given_cpu = span_share_given_lse(q, k, spans, lse, scale=0.125, q_chunk=128, k_chunk=200)
+    given_gpu = span_share_given_lse(q.cuda(), k.cuda(), spans, lse.cuda(), scale=0.125, q_chunk=128, k_chunk=200)
+    assert torch.allclose(given_gpu.cpu(), given_cpu, atol=1e-5) and torch.allclose(given_cpu, on_cpu, atol=1e-5)
 
 
 def test_tf32_enabled_by_the_user_does_not_reach_the_share_math():
@@ -113,7 +115,7 @@ def test_each_cuda_kernel_returns_sdpa_output_and_dense_lse(name):
     dense = scores.masked_fill(torch.ones(333, 333, dtype=torch.bool, device="cuda").triu(1), float("-inf")).logsumexp(-1)
     assert torch.allclose(result.lse.float(), dense, atol=1e-3 if dtype == torch.bfloat16 else 1e-5)
     # Shares from this LSE equal those of the dense softmax.
-    shares = shares_from_lse(span_lse(q, k, [(0, 40)]), result.lse)
+    shares = span_share_given_lse(q, k, [(0, 40)], result.lse)
     probs = scores.masked_fill(torch.ones(333, 333, dtype=torch.bool, device="cuda").triu(1), float("-inf")).softmax(-1)
     assert torch.allclose(shares[..., 0], probs[..., :40].sum(-1), atol=tolerance)
 
