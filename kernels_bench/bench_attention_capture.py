@@ -362,12 +362,13 @@ def _diff(shares: Any, eager_per_head: torch.Tensor) -> tuple[float, float]:
 # ----------------------------------------------------------------- command line
 
 
-def print_rows(rows: list[dict[str, Any]]) -> None:
+def print_rows(rows: list[dict[str, Any]], header: bool = True) -> None:
     fallback = any("fallback_s" in row for row in rows)
-    header = (f"{'T':>6} {'plain s':>8} {'capture s':>9} " + (f"{'fallback s':>10} " if fallback else "")
+    line = (f"{'T':>6} {'plain s':>8} {'capture s':>9} " + (f"{'fallback s':>10} " if fallback else "")
               + f"{'eager s':>8} {'cap/plain t':>11} " + (f"{'fb/plain t':>10} " if fallback else "")
               + f"{'plain MiB':>9} {'capture MiB':>11} {'eager MiB':>9} {'eager/cap mem':>13} {'max|diff|':>9} {'per head':>9}")
-    print(header)
+    if header:
+        print(line)
     for row in rows:
         secs = lambda s: "-" if s is None else f"{s:.3f}"  # noqa: E731
         mib = lambda b: "-" if b is None else f"{b:.0f}"  # noqa: E731
@@ -398,9 +399,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {args.model}: {n_layers} layers, {config.num_attention_heads} heads / {config.num_key_value_heads} KV heads, "
           f"{str(dtype).replace('torch.', '')}, device {args.device}, capture layers {layers}, threads {torch.get_num_threads()}, "
           f"{len(attention_modules(model))} attention modules; input: {source}", flush=True)
-    rows = measure(model, lengths, layers, args.device, repeats=args.repeats, eager=not args.no_eager,
-                   eager_max_gib=args.eager_max_gib, chunk_mib=args.chunk_mib, input_ids_for=input_ids_for, fallback=args.fallback)
-    print_rows(rows)
+    rows = []
+    for length in lengths:  # one length at a time, so each row prints as soon as it is measured
+        rows += measure(model, [length], layers, args.device, repeats=args.repeats, eager=not args.no_eager,
+                        eager_max_gib=args.eager_max_gib, chunk_mib=args.chunk_mib, input_ids_for=input_ids_for,
+                        fallback=args.fallback)
+        print_rows(rows[-1:], header=len(rows) == 1)
     for row in rows:
         print(f"T={row['tokens']}: spans {row['spans']}, capture paths {row['capture_paths']}")
     if args.json:
