@@ -105,7 +105,7 @@ def test_default_dtype_is_bf16_on_cuda_only(bench):
     assert bench.parse_args([]).dtype == "auto"
 
 
-def test_json_output_has_rows(bench, tmp_path, monkeypatch):
+def test_json_output_has_rows(bench, tmp_path):
     out = tmp_path / "bench.json"
     assert bench.main(["--lengths", "48", "--repeats", "1", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
