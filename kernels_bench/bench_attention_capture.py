@@ -1,23 +1,36 @@
-"""Attention-share capture versus eager materialization (``output_attentions=True``).
+"""Attention-share capture against a plain forward and against eager attention.
 
-For each sequence length T the same model and inputs run three ways:
+For each sequence length T the same model and inputs run as:
 
-* ``plain``: a normal SDPA forward (no capture): the baseline cost;
-* ``capture``: the same forward with ``AttentionShareCapture`` at the selected layers
-  (chunked span shares, no T x T tensor);
-* ``eager``: eager attention with ``output_attentions=True`` (every layer's
-  heads x T x T matrix materialized), span shares summed from it, as upstream did.
+* ``plain``: a normal SDPA forward (no capture), one logit kept: the baseline;
+* ``capture``: the same forward inside ``AttentionShareCapture`` at the selected layers
+  (kernel-LSE path where a kernel applies: the layer's output and its row LSE from one
+  kernel call, plus the LSE over the span keys);
+* ``fallback`` (``--fallback``): the capture forced onto the chunked recomputation of
+  every row's LSE (the path eager models take);
+* ``eager``: eager attention with its probabilities materialized at the selected layers
+  only (the model file's ``eager_attention_forward``, what ``output_attentions=True``
+  returns), span shares summed from them; the other layers run SDPA.
 
-It prints per T: time and peak extra memory of each, and the ratios eager/capture
-(memory, time) and capture/plain (time, memory): the cost of capture. All ratios
-come from one run of this script. Peak memory is ``torch.cuda.max_memory_allocated``
-above the pre-forward allocation on CUDA; on CPU it is the peak RSS (VmHWM, reset
-through /proc/self/clear_refs, after malloc_trim) above the pre-forward RSS. Eager is skipped where its
-attention matrices alone would exceed ``--eager-max-gib``.
+Plain, capture (and fallback) are timed interleaved, alternating their order on every
+repeat, after one untimed warm-up each; medians are reported. Eager is timed after them
+and skipped where one layer's heads x T x T scores and probabilities would exceed
+``--eager-max-gib``. Peak extra memory: ``torch.cuda.max_memory_allocated`` of the device
+in use above its pre-forward allocation on CUDA; on the CPU the peak RSS (VmHWM, reset
+through /proc/self/clear_refs after malloc_trim) above the pre-forward RSS.
+
+Inputs: ``--model tiny`` (random-weight Llama) takes random token ids, with a 3-token
+lead and a 300-token system span. ``--model smollm2`` (or a model folder) takes a real
+SysBench conversation: session ``--session`` of ``--data`` rendered with the model's chat
+template, its system message as the system span, turns 1-2 with their reference replies,
+extended with the next sessions' turns when T is longer, and cut at T.
+
+``measure(model, lengths, layers, device, ...)`` is the function ``gpu_check.py`` calls.
 
 Usage::
 
     python kernels_bench/bench_attention_capture.py                      # tiny random Llama, CPU
+    python kernels_bench/bench_attention_capture.py --model smollm2 --lengths 2048 --repeats 3 --json F
     python kernels_bench/bench_attention_capture.py --device cuda --model smollm2 --lengths 1024,2048,4096,8192,16384
 """
 
@@ -30,30 +43,52 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sysbench_gpu.attn_hooks import AttentionShareCapture, eager_reference_shares, resolve_layers  # noqa: E402
+from sysbench_gpu.attn_hooks import AttentionShareCapture, attention_modules, resolve_layers  # noqa: E402
+from sysbench_gpu.attn_math import eager_reference_shares  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DATA = REPO_ROOT.parent / "shared" / "sysbench" / "sessions.json"
+LEAD_TOKENS = 3
+# Random inputs: a system span the size SysBench's lead + system spans have on average with Qwen2's tokenizer
+# (298 keys over the 1000 forwards of the published Qwen2-72B run; docs/attention.md, "Estimate").
+SYSTEM_TOKENS = 300
+EAGER_BENCH_IMPL = "sysbench_bench_eager_at_layers"
+
+Inputs = tuple[torch.Tensor, list[tuple[int, int]]]
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--model", default="tiny", help="tiny (random-weight Llama, GQA), smollm2, or a model path")
     parser.add_argument("--lengths", default="1024,2048,4096,8192", help="sequence lengths")
     parser.add_argument("--layers", default="mid,last", help="layers to capture (mid, last, numbers)")
-    parser.add_argument("--dtype", default="float32", help="float32, bfloat16, float16")
-    parser.add_argument("--repeats", type=int, default=1, help="timed repeats per measurement (median reported)")
+    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on the CPU), float32, bfloat16, float16")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per measurement (median reported)")
     parser.add_argument("--chunk-mib", type=int, default=32, help="capture's score-block budget (MiB)")
-    parser.add_argument("--eager-max-gib", type=float, default=4.0, help="skip eager when its attention matrices exceed this")
-    parser.add_argument("--json", help="also write the results to this JSON file")
-    return parser.parse_args()
+    parser.add_argument("--eager-max-gib", type=float, default=4.0, help="skip eager when one layer's scores exceed this")
+    parser.add_argument("--no-eager", action="store_true", help="do not run eager attention")
+    parser.add_argument("--fallback", action="store_true", help="also time the capture's fallback path (full LSE recomputation)")
+    parser.add_argument("--data", default=str(DEFAULT_DATA), help="SysBench sessions.json for real inputs (models with a tokenizer)")
+    parser.add_argument("--session", type=int, default=1, help="system id of the session that starts the input")
+    parser.add_argument("--json", help="also write the rows to this JSON file")
+    return parser.parse_args(argv)
 
 
-def build_model(name: str, dtype: torch.dtype, device: str):
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+def default_dtype(device: str) -> torch.dtype:
+    """bf16 on CUDA (in fp32 SDPA falls back to its math kernel and builds [1, H, T, T]); fp32 on the CPU."""
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
+def build_model(name: str, dtype: torch.dtype, device: str) -> tuple[Any, Any]:
+    """The model (SDPA) and its tokenizer (None for the tiny random model)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     if name == "tiny":
         torch.manual_seed(0)
@@ -61,37 +96,92 @@ def build_model(name: str, dtype: torch.dtype, device: str):
             vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
         )
-        model = LlamaForCausalLM(config).to(dtype)
-    else:
-        from sysbench_gpu.models import resolve_model
+        return LlamaForCausalLM(config).to(dtype).to(device).eval(), None
+    from sysbench_gpu.models import resolve_model
 
-        model = AutoModelForCausalLM.from_pretrained(resolve_model(name), dtype=dtype)
-    return model.to(device).eval()
+    path = resolve_model(name)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    return model.to(device).eval(), AutoTokenizer.from_pretrained(path)
+
+
+# ----------------------------------------------------------------- inputs
+
+
+def random_inputs(vocab_size: int, device: str) -> Callable[[int], Inputs]:
+    def make(length: int) -> Inputs:
+        generator = torch.Generator().manual_seed(length)
+        ids = torch.randint(0, min(vocab_size, 1000), (1, length), generator=generator).to(device)
+        return ids, [(0, min(LEAD_TOKENS, length)), (min(LEAD_TOKENS, length), min(LEAD_TOKENS + SYSTEM_TOKENS, length))]
+
+    return make
+
+
+def sysbench_inputs(tokenizer: Any, data: Path, first_session: int, device: str) -> Callable[[int], Inputs]:
+    """A real SysBench conversation through the chat template, extended with later sessions' turns and cut at T."""
+    from sysbench_gpu.attn_segments import TurnText, layout_conversation
+    from sysbench_gpu.data import load_dataset
+
+    sessions = load_dataset(data).sessions
+    start = next((i for i, s in enumerate(sessions) if s.system_id == first_session), None)
+    if start is None:
+        raise SystemExit(f"{data}: no session {first_session}")
+    ordered = sessions[start:] + sessions[:start]
+    pieces = [(t.user, t.reference) for s in ordered for t in s.turns if t.reference]  # turns 1-2 have references
+    system_prompt = ordered[0].system_prompt
+    cache: dict[int, Any] = {}
+
+    def layout_for(length: int) -> Any:
+        # Grow the number of turns until the rendered conversation reaches the length.
+        count = 2
+        while True:
+            if count not in cache:
+                turns = [TurnText(i + 1, user, reply) for i, (user, reply) in enumerate(pieces[:count])]
+                cache[count] = layout_conversation(tokenizer, system_prompt, turns, "system")
+            if cache[count].n_tokens >= length or count >= len(pieces):
+                return cache[count]
+            count = min(len(pieces), count * 2)
+
+    def make(length: int) -> Inputs:
+        layout = layout_for(length)
+        if layout.n_tokens < length:
+            raise SystemExit(f"{data}: all sessions together are shorter than {length} tokens")
+        ids = torch.tensor([list(layout.token_ids[:length])], device=device)
+        clip = lambda span: (min(span[0], length), min(span[1], length))  # noqa: E731
+        return ids, [clip(layout.lead), clip(layout.system)]
+
+    return make
+
+
+# ----------------------------------------------------------------- memory
 
 
 class PeakMemory:
-    """Peak extra memory of a block: CUDA allocator peak, or CPU peak RSS."""
+    """Peak extra memory of a block on ``device``: its CUDA allocator peak, or the CPU peak RSS."""
 
     def __init__(self, device: str) -> None:
-        self.cuda = device.startswith("cuda")
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        if self.cuda and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
 
     def __enter__(self) -> "PeakMemory":
         gc.collect()
         if self.cuda:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            self.base = torch.cuda.memory_allocated()
+            torch.cuda.synchronize(self.device)
+            with torch.cuda.device(self.device):
+                torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
         else:
             _release_free_heap()
             Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
             self.base = _status_kib("VmRSS") * 1024
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         if self.cuda:
-            torch.cuda.synchronize()
-            self.peak = torch.cuda.max_memory_allocated() - self.base
+            torch.cuda.synchronize(self.device)
+            self.peak = torch.cuda.max_memory_allocated(self.device) - self.base
         else:
             self.peak = _status_kib("VmHWM") * 1024 - self.base
 
@@ -113,83 +203,214 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def measure(run, device: str, repeats: int) -> tuple[float, int]:
-    """Median seconds and max peak extra bytes over repeats (after one untimed warm-up)."""
-    run()
-    times, peaks = [], []
-    for _ in range(repeats):
-        with PeakMemory(device) as memory:
-            started = time.perf_counter()
-            run()
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - started)
-        peaks.append(memory.peak)
-    return statistics.median(times), max(peaks)
+def _timed(run: Callable[[], None], device: str) -> tuple[float, int]:
+    with PeakMemory(device) as memory:
+        started = time.perf_counter()
+        run()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(torch.device(device))
+        seconds = time.perf_counter() - started
+    return seconds, memory.peak
 
 
-def main() -> int:
-    args = parse_args()
-    dtype = getattr(torch, args.dtype)
-    model = build_model(args.model, dtype, args.device)
-    config = model.config
-    n_layers = config.num_hidden_layers
-    layers = sorted(set(resolve_layers(args.layers, n_layers).values()))
+def interleaved(runs: dict[str, Callable[[], None]], device: str, repeats: int) -> dict[str, tuple[float, int]]:
+    """Median seconds and max peak bytes of each run, the runs interleaved and their order reversed every repeat."""
+    for run in runs.values():
+        run()  # warm-up
+    names = list(runs)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    peaks: dict[str, list[int]] = {name: [] for name in names}
+    for repeat in range(max(1, repeats)):
+        for name in names if repeat % 2 == 0 else reversed(names):
+            seconds, peak = _timed(runs[name], device)
+            times[name].append(seconds)
+            peaks[name].append(peak)
+    return {name: (statistics.median(times[name]), max(peaks[name])) for name in names}
+
+
+# ----------------------------------------------------------------- eager at the selected layers
+
+
+class EagerAtLayers:
+    """Switch ``model`` to an attention function that runs eager (probabilities materialized) at ``layers`` and SDPA elsewhere.
+
+    The eager layers use the model file's ``eager_attention_forward`` with an additive mask
+    (the SDPA mask, or the causal one where SDPA had none), so their probabilities are what
+    ``output_attentions=True`` returns. ``shares[layer]`` holds the per-head span shares.
+    """
+
+    def __init__(self, model: Any, layers: list[int], spans: list[tuple[int, int]]) -> None:
+        self.model, self.layers, self.spans = model, set(layers), spans
+        self.shares: dict[int, torch.Tensor] = {}
+
+    def __enter__(self) -> "EagerAtLayers":
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+        owner = self
+
+        def attention(module, query, key, value, attention_mask, **kwargs):
+            if getattr(module, "layer_idx", None) not in owner.layers:
+                return sdpa(module, query, key, value, attention_mask, **kwargs)
+            eager = sys.modules[type(module).__module__].eager_attention_forward
+            output, weights = eager(module, query, key, value, _additive(attention_mask, query), **kwargs)
+            owner.shares[module.layer_idx] = eager_reference_shares(weights, owner.spans)
+            return output, None
+
+        ALL_ATTENTION_FUNCTIONS.register(EAGER_BENCH_IMPL, attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(EAGER_BENCH_IMPL, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["sdpa"])
+        self.model.set_attn_implementation(EAGER_BENCH_IMPL)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.model.set_attn_implementation("sdpa")
+
+
+def _additive(mask: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor:
+    """The mask eager attention adds to its scores: from SDPA's boolean mask, or causal where SDPA used is_causal."""
+    t_q, t_k = query.shape[2], query.shape[2] if mask is None else mask.shape[-1]
+    if mask is None:
+        mask = torch.ones(t_q, t_k, dtype=torch.bool, device=query.device).tril()[None, None]
+    if mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~mask, torch.finfo(query.dtype).min)
+
+
+# ----------------------------------------------------------------- measurement
+
+
+def measure(model: Any, lengths: list[int], layers: list[int], device: str, repeats: int = 3, eager: bool = True,
+            eager_max_gib: float = 4.0, chunk_mib: int = 32, input_ids_for: Callable[[int], Any] | None = None,
+            fallback: bool = False) -> list[dict[str, Any]]:
+    """One row per length: plain, capture (and fallback) timed interleaved, eager after; peaks; shares vs eager.
+
+    ``input_ids_for(T)`` returns token ids ``[1, T]`` on ``device``, or ``(ids, spans)``; default:
+    random ids with a 3-token lead and a 300-token system span.
+    """
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    make = input_ids_for or random_inputs(config.vocab_size, device)
     heads = config.num_attention_heads
-    element = torch.finfo(dtype).bits // 8
-    lengths = [int(x) for x in args.lengths.split(",")]
-    print(f"model {args.model}: {n_layers} layers, {heads} heads / {config.num_key_value_heads} KV heads, "
-          f"{args.dtype}, device {args.device}, capture layers {layers}, threads {torch.get_num_threads()}")
-    header = (f"{'T':>6} {'plain s':>8} {'capture s':>9} {'eager s':>8} {'plain MiB':>9} {'capture MiB':>11} "
-              f"{'eager MiB':>9} {'eager/cap mem':>13} {'eager/cap time':>14} {'cap/plain time':>14} {'max|diff|':>9}")
-    print(header)
-    results = []
+    element = torch.finfo(next(model.parameters()).dtype).bits // 8
+    budget = int(chunk_mib) << 20
+    rows = []
     for length in lengths:
-        ids = torch.randint(0, min(config.vocab_size, 1000), (1, length), generator=torch.Generator().manual_seed(length)).to(args.device)
-        spans = [(0, 3), (3, length // 3)]
+        made = make(length)
+        ids, spans = made if isinstance(made, tuple) else (made, random_inputs(config.vocab_size, device)(length)[1])
+        captured: dict[str, Any] = {}
 
         def plain() -> None:
             with torch.inference_mode():
                 model(input_ids=ids, use_cache=False, logits_to_keep=1)
 
-        captured = {}
+        def capture_with(path: str, per_head: bool = False) -> Callable[[], None]:
+            def run() -> None:
+                with AttentionShareCapture(model, layers=layers, spans=spans, budget_bytes=budget, path=path, per_head=per_head) as cap:
+                    captured[path] = cap.forward(ids, stop_early=False)
+                    captured[f"{path} paths"] = dict(cap.paths)
+            return run
 
-        def capture() -> None:
-            with AttentionShareCapture(model, layers=layers, spans=spans, budget_bytes=args.chunk_mib << 20) as cap:
-                captured.update(cap.forward(ids, stop_early=False))
+        runs = {"plain": plain, "capture": capture_with("auto")}
+        if fallback:
+            runs["fallback"] = capture_with("fallback")
+        measured = interleaved(runs, device, repeats)
+        (t_plain, m_plain), (t_cap, m_cap) = measured["plain"], measured["capture"]
+        mib = lambda b: None if b is None else b / (1 << 20)  # noqa: E731
+        row: dict[str, Any] = {
+            "tokens": length, "spans": [list(s) for s in spans], "plain_s": t_plain, "capture_s": t_cap,
+            "capture_over_plain_time": t_cap / t_plain, "plain_peak_mib": mib(m_plain), "capture_peak_mib": mib(m_cap),
+            "capture_paths": {str(k): v for k, v in captured["auto paths"].items()},
+            "eager_s": None, "eager_peak_mib": None, "eager_over_capture_memory": None, "eager_over_capture_time": None,
+            "max_abs_diff_vs_eager": None, "max_abs_diff_per_head_vs_eager": None,
+        }
+        if fallback:
+            row.update(fallback_s=measured["fallback"][0], fallback_peak_mib=mib(measured["fallback"][1]),
+                       fallback_over_plain_time=measured["fallback"][0] / t_plain)
+        # One layer's scores and probabilities at a time: what eager holds at its peak beyond a plain forward.
+        eager_bytes = 2 * heads * length * length * element
+        row["eager_layer_bytes"] = eager_bytes
+        if eager and eager_bytes <= eager_max_gib * (1 << 30):
+            reference: dict[int, torch.Tensor] = {}
 
-        t_plain, m_plain = measure(plain, args.device, args.repeats)
-        t_cap, m_cap = measure(capture, args.device, args.repeats)
-        eager_bytes = n_layers * heads * length * length * element
-        row = {"T": length, "plain_s": t_plain, "capture_s": t_cap, "plain_peak": m_plain, "capture_peak": m_cap,
-               "eager_s": None, "eager_peak": None, "eager_attention_bytes": eager_bytes, "max_abs_diff": None}
-        if eager_bytes <= args.eager_max_gib * (1 << 30):
-            eager_shares = {}
+            def run_eager() -> None:
+                with EagerAtLayers(model, layers, spans) as eager_run, torch.inference_mode():
+                    model(input_ids=ids, use_cache=False, logits_to_keep=1)
+                reference.update(eager_run.shares)
 
-            def eager() -> None:
-                with torch.inference_mode():
-                    attentions = model(input_ids=ids, use_cache=False, logits_to_keep=1, output_attentions=True).attentions
-                    for layer in layers:
-                        eager_shares[layer] = eager_reference_shares(attentions[layer], spans).mean(dim=1)
+            (t_eager, m_eager), = interleaved({"eager": run_eager}, device, repeats).values()
+            capture_with("auto", per_head=True)()  # untimed: per-head values for the comparison
+            diffs = [_diff(captured["auto"][layer], reference[layer]) for layer in layers]
+            row.update(eager_s=t_eager, eager_peak_mib=mib(m_eager), eager_over_capture_time=t_eager / t_cap,
+                       eager_over_capture_memory=(m_eager / m_cap) if m_cap > 0 else None,
+                       max_abs_diff_vs_eager=max(d[0] for d in diffs), max_abs_diff_per_head_vs_eager=max(d[1] for d in diffs))
+            if fallback:
+                capture_with("fallback", per_head=True)()
+                fallback_diffs = [_diff(captured["fallback"][layer], reference[layer]) for layer in layers]
+                row["fallback_max_abs_diff_per_head_vs_eager"] = max(d[1] for d in fallback_diffs)
+        rows.append(row)
+    return rows
 
-            model.set_attn_implementation("eager")
-            try:
-                row["eager_s"], row["eager_peak"] = measure(eager, args.device, args.repeats)
-            finally:
-                model.set_attn_implementation("sdpa")
-            row["max_abs_diff"] = max(
-                float((eager_shares[layer].float().cpu() - captured[layer].mean).abs().max()) for layer in layers
-            )
-        results.append(row)
-        mib = lambda b: "-" if b is None else f"{b / (1 << 20):.0f}"  # noqa: E731
-        ratio = lambda a, b: "-" if a is None or b is None or b <= 0 else f"{a / b:.2f}"  # noqa: E731
-        secs = lambda s: "-" if s is None else f"{s:.2f}"  # noqa: E731
-        print(f"{length:>6} {secs(t_plain):>8} {secs(t_cap):>9} {secs(row['eager_s']):>8} {mib(m_plain):>9} {mib(m_cap):>11} "
-              f"{mib(row['eager_peak']):>9} {ratio(row['eager_peak'], m_cap):>13} {ratio(row['eager_s'], t_cap):>14} "
-              f"{ratio(t_cap, t_plain):>14} {'-' if row['max_abs_diff'] is None else format(row['max_abs_diff'], '.1e'):>9}",
-              flush=True)
+
+def _diff(shares: Any, eager_per_head: torch.Tensor) -> tuple[float, float]:
+    """(head mean, per head) largest |capture - eager|."""
+    eager_per_head = eager_per_head.float().cpu()
+    mean = float((shares.mean.float().cpu() - eager_per_head.mean(dim=1)).abs().max())
+    per_head = float((shares.per_head.float().cpu() - eager_per_head).abs().max()) if shares.per_head is not None else mean
+    return mean, per_head
+
+
+# ----------------------------------------------------------------- command line
+
+
+def print_rows(rows: list[dict[str, Any]], header: bool = True) -> None:
+    fallback = any("fallback_s" in row for row in rows)
+    line = (f"{'T':>6} {'plain s':>8} {'capture s':>9} " + (f"{'fallback s':>10} " if fallback else "")
+              + f"{'eager s':>8} {'cap/plain t':>11} " + (f"{'fb/plain t':>10} " if fallback else "")
+              + f"{'plain MiB':>9} {'capture MiB':>11} {'eager MiB':>9} {'eager/cap mem':>13} {'max|diff|':>9} {'per head':>9}")
+    if header:
+        print(line)
+    for row in rows:
+        secs = lambda s: "-" if s is None else f"{s:.3f}"  # noqa: E731
+        mib = lambda b: "-" if b is None else f"{b:.0f}"  # noqa: E731
+        ratio = lambda r: "-" if r is None else f"{r:.3f}"  # noqa: E731
+        sci = lambda d: "-" if d is None else f"{d:.1e}"  # noqa: E731
+        print(f"{row['tokens']:>6} {secs(row['plain_s']):>8} {secs(row['capture_s']):>9} "
+              + (f"{secs(row.get('fallback_s')):>10} " if fallback else "")
+              + f"{secs(row['eager_s']):>8} {ratio(row['capture_over_plain_time']):>11} "
+              + (f"{ratio(row.get('fallback_over_plain_time')):>10} " if fallback else "")
+              + f"{mib(row['plain_peak_mib']):>9} {mib(row['capture_peak_mib']):>11} {mib(row['eager_peak_mib']):>9} "
+              f"{ratio(row['eager_over_capture_memory']):>13} {sci(row['max_abs_diff_vs_eager']):>9} "
+              f"{sci(row['max_abs_diff_per_head_vs_eager']):>9}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    dtype = default_dtype(args.device) if args.dtype == "auto" else getattr(torch, args.dtype)
+    model, tokenizer = build_model(args.model, dtype, args.device)
+    config = model.config
+    n_layers = config.num_hidden_layers
+    layers = sorted(set(resolve_layers(args.layers, n_layers).values()))
+    lengths = [int(x) for x in args.lengths.split(",")]
+    source = "random ids, 3-token lead, 300-token system span"
+    input_ids_for = None
+    if tokenizer is not None:
+        input_ids_for = sysbench_inputs(tokenizer, Path(args.data), args.session, args.device)
+        source = f"SysBench session {args.session} of {args.data} (and later sessions' turns), through the chat template"
+    print(f"model {args.model}: {n_layers} layers, {config.num_attention_heads} heads / {config.num_key_value_heads} KV heads, "
+          f"{str(dtype).replace('torch.', '')}, device {args.device}, capture layers {layers}, threads {torch.get_num_threads()}, "
+          f"{len(attention_modules(model))} attention modules; input: {source}", flush=True)
+    rows = []
+    for length in lengths:  # one length at a time, so each row prints as soon as it is measured
+        rows += measure(model, [length], layers, args.device, repeats=args.repeats, eager=not args.no_eager,
+                        eager_max_gib=args.eager_max_gib, chunk_mib=args.chunk_mib, input_ids_for=input_ids_for,
+                        fallback=args.fallback)
+        print_rows(rows[-1:], header=len(rows) == 1)
+    for row in rows:
+        print(f"T={row['tokens']}: spans {row['spans']}, capture paths {row['capture_paths']}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
+        report = {"args": vars(args), "dtype": str(dtype).replace("torch.", ""), "layers": layers, "torch": torch.__version__,
+                  "threads": torch.get_num_threads(), "rows": rows}
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 0
 
 

@@ -6,8 +6,10 @@ Built from three kinds of numbers, kept apart in the output:
   directory (e.g. the published Qwen2-72B workbook imported with
   ``sysbench-gpu import-upstream``), rendered and tokenized exactly as the attention
   stage does (``attn_segments.fit_layout``); the stage's host-side work per forward
-  (tokenizing, saving the arrays) timed on this machine; optionally the capture
-  overhead ratio measured by ``bench_attention_capture.py --json`` (``--bench-json``).
+  (tokenizing, saving the arrays) timed on this machine; the capture's own work at one
+  layer of the model's shape at the mean length and span (``--measure-capture``: both
+  paths against the SDPA kernel that computes the layer's attention, on this CPU); and
+  optionally the capture/plain ratio of ``bench_attention_capture.py --json`` (``--bench-json``).
 * exact arithmetic: per-layer FLOPs and bytes from the model's configuration
   (default Qwen2-72B: 80 layers, hidden 8192, 64 heads over 8 KV heads, MLP 29568).
 * hardware: the device's datasheet peak, bandwidth and memory (``--device-spec``, the
@@ -221,7 +223,8 @@ def layer_bytes(shape: ModelShape, tokens: int, full: bool = True, element: int 
 
 
 def capture_flops(shape: ModelShape, tokens: int, span_keys: int, path: str) -> float:
-    """Extra FLOPs of one captured layer: the span LSE only (kernel path), or a second QK^T pass (fallback)."""
+    """Extra FLOPs of one captured layer: scores against the span keys only (kernel-LSE path), or a second
+    causal QK^T pass (fallback). An upper bound for the kernel path (queries before the span's end see less of it)."""
     q_width, _ = _widths(shape)
     if path == "kernel-lse":
         return 2 * q_width * tokens * span_keys
@@ -234,7 +237,7 @@ def capture_flops(shape: ModelShape, tokens: int, span_keys: int, path: str) -> 
 @dataclass(frozen=True)
 class Hardware:
     peak_flops: float  # dense bf16 tensor-core peak per GPU
-    fp32_flops: float  # fp32 without tensor cores (the fallback capture's fp32 matmuls)
+    fp32_flops: float  # fp32 without tensor cores: the capture's score matmuls (IEEE fp32, TF32 turned off)
     hbm_bytes_s: float
     mfu: float  # share of peak the forward's GEMMs reach
     hbm_efficiency: float
@@ -265,7 +268,7 @@ def forward_seconds(shape: ModelShape, forward: Forward, hw: Hardware, layout: s
     t = forward.tokens
     # Layers before the last run whole; the last stops after its attention (the capture ends the forward there).
     seconds = (shape.n_layers - 1) * layer_seconds(shape, t, hw, split, True) + layer_seconds(shape, t, hw, split, False)
-    capture_rate = (hw.peak_flops if capture_path == "kernel-lse" else hw.fp32_flops) * hw.mfu
+    capture_rate = hw.fp32_flops * hw.mfu  # both paths: fp32 matmuls on CUDA cores (TF32 is turned off for them)
     seconds += captured * capture_flops(shape, t, forward.span_keys, capture_path) / split / capture_rate
     if layout == "tensor-parallel":
         # Row-parallel o_proj and down_proj each end in an all-reduce of the [T, hidden] bf16 activations.
@@ -273,6 +276,12 @@ def forward_seconds(shape: ModelShape, forward: Forward, hw: Hardware, layout: s
     if layout == "device-map":
         seconds += (gpus - 1) * (2 * t * shape.hidden) / 50e9  # activations handed between GPUs (~50 GB/s peer copies)
     return seconds + hw.overhead_s
+
+
+def capture_seconds(shape: ModelShape, forwards: list["Forward"], hw: Hardware, captured: int, path: str, split: int) -> float:
+    """The capture's share of the run: fp32 FLOPs of ``path`` at ``captured`` layers, over ``split`` GPUs."""
+    flops = sum(captured * capture_flops(shape, f.tokens, f.span_keys, path) for f in forwards)
+    return flops / split / (hw.fp32_flops * hw.mfu)
 
 
 def run_hours(shape: ModelShape, forwards: list["Forward"], hw: Hardware, layout: str, gpus: int, args: argparse.Namespace, host_s: float) -> float:
@@ -328,6 +337,47 @@ def measured_capture_ratio(path: Path, tokens: float, bench_layers: int, bench_c
     return {"file": str(path), "tokens": length, "capture_over_plain_time": ratio, "extra_per_captured_layer": per_layer}
 
 
+def measure_capture(shape: ModelShape, tokens: int, span_keys: int, heads: int, repeats: int = 3) -> dict[str, Any]:
+    """Seconds of one layer's capture work on this CPU at the model's head shape (``heads`` query heads, the
+    matching KV heads, head_dim), ``tokens`` queries and a ``span_keys``-key span at the start: the kernel
+    that computes the layer's attention (SDPA's CPU flash kernel, which also returns the row LSE), the
+    kernel-LSE path's extra work, and the fallback's. Random fp32 queries and keys; medians of ``repeats``."""
+    import torch
+
+    from sysbench_gpu.attn_kernels import KernelInputs, cpu_flash_attention
+    from sysbench_gpu.attn_math import plan_chunks, span_share, span_share_given_lse
+
+    kv_heads = max(1, heads * shape.n_kv_heads // shape.n_heads)
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(1, heads, tokens, shape.head_dim, generator=generator)
+    k = torch.randn(1, kv_heads, tokens, shape.head_dim, generator=generator)
+    v = torch.randn(1, kv_heads, tokens, shape.head_dim, generator=generator)
+    spans = [(0, 3), (3, span_keys)]
+    budget = 256 << 20  # the stage's default --chunk-mib
+    lse = cpu_flash_attention(q, k, v, None, KernelInputs(None, True)).lse
+    given = plan_chunks(1, heads, tokens, span_keys, budget)
+    full = plan_chunks(1, heads, tokens, tokens, budget)
+    runs = {
+        "attention_kernel_s": lambda: cpu_flash_attention(q, k, v, None, KernelInputs(None, True)),
+        "kernel_lse_extra_s": lambda: span_share_given_lse(q, k, spans, lse, q_chunk=given.q_chunk, k_chunk=given.k_chunk),
+        "fallback_extra_s": lambda: span_share(q, k, spans, q_chunk=full.q_chunk, k_chunk=full.k_chunk),
+    }
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for run in runs.values():
+        run()
+    for _ in range(repeats):
+        for name, run in runs.items():  # interleaved, so load changes hit all three alike
+            started = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - started)
+    result: dict[str, Any] = {"tokens": tokens, "span_keys": span_keys, "heads": heads, "kv_heads": kv_heads,
+                              "head_dim": shape.head_dim, "threads": torch.get_num_threads()}
+    result.update({name: statistics.median(values) for name, values in times.items()})
+    for path in ("kernel_lse", "fallback"):
+        result[f"{path}_over_attention_kernel"] = result[f"{path}_extra_s"] / result["attention_kernel_s"]
+    return result
+
+
 # ----------------------------------------------------------------- report
 
 
@@ -358,6 +408,9 @@ def estimate(shape: ModelShape, forwards: list[Forward], args: argparse.Namespac
         hours = [run_hours(shape, forwards, hw, layout, gpus, args, host_s) for hw in hardware]
         row = {"layout": layout, "gpus": gpus, "weights_per_gpu_gib": weights / gpus / (1 << 30), "hours": hours,
                "mean_forward_s": [h * 3600 / len(forwards) for h in hours]}
+        split = gpus if layout == "tensor-parallel" else 1
+        row["capture_s"] = {path: [capture_seconds(shape, forwards, hw, args.captured, path, split) for hw in hardware]
+                            for path in ("kernel-lse", "fallback")}
         if measured is not None:
             # The CPU-measured capture ratio instead of the analytic capture FLOPs (favourable end; see the doc).
             layer = layer_seconds(shape, mean_t, hardware[0], gpus if layout == "tensor-parallel" else 1, True)
@@ -394,6 +447,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--allreduce-latency-us", type=float, nargs=2, default=[15.0, 40.0])
     parser.add_argument("--overhead-ms", type=float, nargs=2, default=[10.0, 50.0], help="band of fixed cost per forward")
     parser.add_argument("--disk-gbps", type=float, nargs=2, default=[1.0, 5.0], help="band of read speed for loading the weights")
+    parser.add_argument("--measure-capture", action="store_true",
+                        help="time one layer's capture work on this CPU at the model's shape (mean length and span keys)")
     parser.add_argument("--bench-json", help="bench_attention_capture.py --json output: apply its measured capture ratio")
     parser.add_argument("--bench-layers", type=int, default=30, help="layers of the benchmark's model (SmolLM2: 30)")
     parser.add_argument("--bench-captured", type=int, default=2, help="layers the benchmark captured")
@@ -423,6 +478,12 @@ def main() -> int:
     if args.bench_json:
         measured = measured_capture_ratio(Path(args.bench_json), float(np.mean([f.tokens for f in forwards])), args.bench_layers, args.bench_captured, args.bench_pick)
         report["measured_capture"] = measured
+    if args.measure_capture:
+        mean_t = int(round(np.mean([f.tokens for f in forwards])))
+        mean_span = int(round(np.mean([f.span_keys for f in forwards])))
+        report["measured_capture_at_shape"] = [
+            measure_capture(shape, mean_t, mean_span, heads) for heads in (shape.n_heads, shape.n_heads // args.gpus)
+        ]
     per_layer = {t: {"flops": layer_flops(shape, t), "bytes": layer_bytes(shape, t)} for t in (1000, 2000, 4000)}
     report["per_layer"] = per_layer
     report["assumptions"] = {k: v for k, v in vars(args).items() if k not in ("run_dir", "tokenizer", "json", "config")}
@@ -442,6 +503,17 @@ def main() -> int:
     if measured:
         print(f"measured capture/plain {measured['capture_over_plain_time']:.3f} at T={measured['tokens']} "
               f"-> {measured['extra_per_captured_layer']:.3f} layer-times extra per captured layer")
+    for cost in report.get("measured_capture_at_shape", []):
+        print(f"capture at one layer, measured on this CPU ({cost['threads']} threads), {cost['heads']} heads over "
+              f"{cost['kv_heads']} KV heads of {cost['head_dim']}, T={cost['tokens']}, span {cost['span_keys']} keys: "
+              f"attention kernel {cost['attention_kernel_s'] * 1e3:.0f} ms, kernel-LSE extra {cost['kernel_lse_extra_s'] * 1e3:.0f} ms "
+              f"({cost['kernel_lse_over_attention_kernel']:.2f} x), fallback extra {cost['fallback_extra_s'] * 1e3:.0f} ms "
+              f"({cost['fallback_over_attention_kernel']:.2f} x)")
+    for path in ("kernel-lse", "fallback"):
+        extra = sum(args.captured * capture_flops(shape, f.tokens, f.span_keys, path) for f in forwards)
+        report.setdefault("capture_flops_total", {})[path] = extra
+        print(f"capture work over the run ({path}): {extra / 1e15:.3f} PFLOP of fp32 matmul "
+              f"(the forwards: {sum(shape.n_layers * layer_flops(shape, f.tokens) for f in forwards) / 1e15:.1f} PFLOP of bf16)")
     load = [shape.total_params * 2 / (gbps * 1e9) / 60 for gbps in sorted(args.disk_gbps, reverse=True)]
     report["weights_load_minutes"] = load
     print(f"loading the bf16 weights once per launch: {load[0]:.1f} - {load[1]:.1f} min (disk {max(args.disk_gbps):g} - {min(args.disk_gbps):g} GB/s)")
@@ -450,6 +522,9 @@ def main() -> int:
     for row in report["layouts"]:
         if "hours" in row:
             text = f"{row['hours'][0] * 60:.1f} - {row['hours'][1] * 60:.1f} min"
+            capture = row["capture_s"]
+            text += (f"; of which capture {capture['kernel-lse'][0]:.1f} - {capture['kernel-lse'][1]:.1f} s "
+                     f"(fallback: {capture['fallback'][0]:.1f} - {capture['fallback'][1]:.1f} s)")
             if "measured_capture_extra_hours" in row:
                 text += f" (+{row['measured_capture_extra_hours'] * 3600:.0f} s at the measured CPU capture ratio)"
             per = f"{row['mean_forward_s'][0]:.2f} - {row['mean_forward_s'][1]:.2f} s"

@@ -317,6 +317,9 @@ def _manifest_fields(args: argparse.Namespace, model: Any, tokenizer: Any, path:
     from sysbench_gpu.attn_hooks import num_layers
     from sysbench_gpu.runstore import package_versions, utc_now
 
+    text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    softcap = getattr(text_config, "attn_logit_softcapping", None)
+    implementation = model.config._attn_implementation
     return {
         "stage": STAGE,
         "model_path": path,
@@ -338,6 +341,15 @@ def _manifest_fields(args: argparse.Namespace, model: Any, tokenizer: Any, path:
         },
         "share": "head-mean attention share of the span (over all heads, also under tensor parallel); "
         "share_excl_lead = share / (1 - lead share)",
+        "capture_method": "kernel-lse: the layer's output and every row's log-sum-exp from one attention kernel call, "
+        "plus the log-sum-exp over the span's keys, share = exp(LSE_span - LSE_all); fallback (eager attention, or no "
+        "kernel with LSE): the model's own call, and each row's log-sum-exp recomputed over all keys in chunks; "
+        "capture_paths says which ran at each layer",
+        "attn_logit_softcapping": None if not softcap else (
+            f"{softcap:g} in the config, not applied: the capture runs transformers' SDPA attention (the model was loaded "
+            f"with {implementation}), which ignores it; the shares describe that attention" if implementation != "eager"
+            else f"{softcap:g}, applied by the model's eager attention and in the shares"
+        ),
         "control": f"system text sent as user: system + {json.dumps(_joiner())} + user turn 1",
         "versions": package_versions(),
         "updated": utc_now(),

@@ -1,20 +1,22 @@
-"""Attention share of key spans, captured through transformers' attention interface.
+"""Attention share capture through transformers' attention interface: the context manager.
 
-Two parts:
+``AttentionShareCapture`` switches a transformers model to a registered attention
+function that wraps the model's normal path (SDPA, or the model file's own eager
+function when the model runs eager). Layers that are not captured run that path
+unchanged. At a captured layer (``module.layer_idx``) one of two paths runs:
 
-* ``span_share``: pure torch math. For every query q and key span S it returns
-  ``sum_{k in S, k visible from q} softmax_k(q . k * scale)``, computed with an
-  online log-sum-exp over key chunks and queries processed in chunks, so the peak
-  extra memory is O(heads x q_chunk x k_chunk), never heads x T x T. Grouped-query
-  attention is handled by viewing queries as [B, KV heads, group, T, D]; keys are
-  never repeated. Accumulation is fp32.
+* kernel-LSE (SDPA models): the layer's output comes from a kernel that also returns
+  every row's log-sum-exp (``attn_kernels``: PyTorch's CPU flash kernel, which SDPA itself
+  runs on the CPU; on CUDA flash-attn or PyTorch's flash / memory-efficient kernels); the
+  model gets that output, and the shares cost only the span's keys
+  (``share = exp(LSE_span - LSE_all)``, ``attn_math.span_share_given_lse``);
+* fallback (eager models, or where no kernel applies): the model's own call runs, and
+  ``attn_math.span_share`` recomputes each row's log-sum-exp over all keys in chunks.
 
-* ``AttentionShareCapture``: a context manager that switches a transformers model
-  to a registered attention function wrapping the model's normal path (SDPA, or the
-  model file's own eager function when the model runs eager), so outputs are
-  unchanged; at the selected layers (``module.layer_idx``) it feeds the post-RoPE
-  queries and keys to ``span_share``. On exit it always restores the model's
-  attention implementation and removes every attribute it set.
+The shares describe the attention the model ran: transformers' SDPA path ignores
+logit softcapping (Gemma 2), so on SDPA the shares have none either (logged); eager
+applies it, and so does the fallback there. ``paths`` records per layer which path ran.
+On exit the model's attention implementation is restored and every attribute removed.
 
 No model-specific code: anything that calls
 ``ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, ...)`` works
@@ -29,180 +31,32 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
+from sysbench_gpu.attn_math import (
+    DEFAULT_BUDGET_BYTES,
+    eager_reference_shares,
+    plan_chunks,
+    span_share,
+    span_share_given_lse,
+)
 from sysbench_gpu.errors import SysbenchError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+__all__ = [
+    "AttentionShareCapture",
+    "LayerShares",
+    "attention_modules",
+    "eager_reference_shares",
+    "num_layers",
+    "resolve_layers",
+]
+
 log = logging.getLogger(__name__)
 
 CAPTURE_ATTR = "_sysbench_share_sink"
 IMPL_PREFIX = "sysbench_share_"
-DEFAULT_BUDGET_BYTES = 256 << 20
-MAX_Q_CHUNK = 1024
-MAX_K_CHUNK = 4096
-# Live fp32 blocks of size heads x q_chunk x k_chunk at the peak (scores, updated in place, plus
-# temporaries such as a broadcast mask or a span slice reduction): budget three.
-_LIVE_BLOCKS = 3
-
-
-# ----------------------------------------------------------------- chunk planning
-
-
-@dataclass(frozen=True)
-class ChunkPlan:
-    q_chunk: int
-    k_chunk: int
-
-    def peak_bytes(self, batch: int, heads: int) -> int:
-        return _LIVE_BLOCKS * 4 * batch * heads * self.q_chunk * self.k_chunk
-
-
-def plan_chunks(
-    batch: int,
-    heads: int,
-    t_q: int,
-    t_k: int,
-    budget_bytes: int = DEFAULT_BUDGET_BYTES,
-    chunk_tokens: int | None = None,
-) -> ChunkPlan:
-    """Chunk lengths for queries and keys.
-
-    ``chunk_tokens`` fixes both; otherwise keys go in chunks of up to 4096 and the
-    query chunk is the largest (up to 1024) that keeps the fp32 score blocks within
-    ``budget_bytes``, so the blocks never grow with T beyond 1024 x 4096 per head.
-    """
-    if chunk_tokens is not None:
-        if chunk_tokens < 1:
-            raise SysbenchError(f"--chunk-tokens must be positive, got {chunk_tokens}")
-        return ChunkPlan(q_chunk=min(chunk_tokens, max(t_q, 1)), k_chunk=min(chunk_tokens, max(t_k, 1)))
-    k_chunk = max(1, min(t_k, MAX_K_CHUNK))
-    per_query = _LIVE_BLOCKS * 4 * batch * heads * k_chunk
-    q_chunk = max(1, min(t_q, MAX_Q_CHUNK, budget_bytes // max(per_query, 1)))
-    return ChunkPlan(q_chunk=q_chunk, k_chunk=k_chunk)
-
-
-# ----------------------------------------------------------------- the math
-
-
-def span_share(
-    query: "torch.Tensor",
-    key: "torch.Tensor",
-    spans: Sequence[tuple[int, int]],
-    scale: float | None = None,
-    q_chunk: int | None = None,
-    k_chunk: int | None = None,
-    *,
-    causal: bool = True,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    mask: "torch.Tensor | None" = None,
-) -> "torch.Tensor":
-    """Attention share of each key span for every query, per head.
-
-    Args:
-        query: [B, H, Tq, D] (post-RoPE). The last query sits at the last key
-            position (``q_offset = Tk - Tq``), as with a prefix cache.
-        key: [B, KVH, Tk, D] with H a multiple of KVH (grouped-query attention).
-        spans: half-open key ranges ``(start, end)``; they may overlap.
-        scale: score scale; default ``D ** -0.5``.
-        q_chunk, k_chunk: chunk lengths (default: all at once).
-        causal: keys after the query are invisible.
-        sliding_window: a key is visible when ``q_pos - k_pos < sliding_window``.
-        softcap: scores become ``softcap * tanh(score / softcap)`` (Gemma 2).
-        mask: optional 4-D mask as the model built it, [B|1, H|1, Tq, Tk], boolean
-            (True = visible) or additive float; it replaces causal/window logic
-            except that keys after the query are still skipped when ``causal``.
-
-    Returns:
-        fp32 tensor [B, H, Tq, n_spans]; a query that sees no key gets zeros.
-    """
-    import torch
-
-    if query.dim() != 4 or key.dim() != 4:
-        raise SysbenchError(f"span_share expects 4-D query and key, got {tuple(query.shape)} and {tuple(key.shape)}")
-    batch, heads, t_q, dim = query.shape
-    kv_heads, t_k = key.shape[1], key.shape[2]
-    if heads % kv_heads:
-        raise SysbenchError(f"query heads ({heads}) are not a multiple of key heads ({kv_heads})")
-    if t_q > t_k:
-        raise SysbenchError(f"more queries ({t_q}) than keys ({t_k})")
-    group = heads // kv_heads
-    scale = dim**-0.5 if scale is None else float(scale)
-    q_chunk = t_q if not q_chunk else max(1, int(q_chunk))
-    k_chunk = t_k if not k_chunk else max(1, int(k_chunk))
-    spans = [(max(0, int(a)), min(t_k, int(b))) for a, b in spans]
-    n_spans = len(spans)
-    offset = t_k - t_q
-    device = query.device
-
-    grouped_q = query.reshape(batch, kv_heads, group, t_q, dim)
-    out = torch.zeros(batch, kv_heads, group, t_q, n_spans, dtype=torch.float32, device=device)
-    mask_view = _grouped_mask(mask, batch, kv_heads, group, t_q, t_k) if mask is not None else None
-    neg_inf = float("-inf")
-
-    for q0 in range(0, t_q, q_chunk):
-        q1 = min(q0 + q_chunk, t_q)
-        q_block = grouped_q[:, :, :, q0:q1].float()  # [B, KVH, G, C, D]
-        q_pos = torch.arange(q0 + offset, q1 + offset, device=device)
-        k_stop = (q1 - 1 + offset + 1) if causal else t_k
-        k_start = 0
-        if sliding_window and mask is None:
-            k_start = max(0, q0 + offset - int(sliding_window) + 1)
-        running_max = torch.full((batch, kv_heads, group, q1 - q0), neg_inf, dtype=torch.float32, device=device)
-        total = torch.zeros_like(running_max)
-        acc = torch.zeros(batch, kv_heads, group, q1 - q0, n_spans, dtype=torch.float32, device=device)
-        for k0 in range(k_start, k_stop, k_chunk):
-            k1 = min(k0 + k_chunk, k_stop)
-            k_block = key[:, :, k0:k1].float().unsqueeze(2)  # [B, KVH, 1, K, D]
-            scores = torch.matmul(q_block, k_block.transpose(-1, -2)).mul_(scale)  # [B, KVH, G, C, K]
-            if softcap:
-                scores = scores.div_(softcap).tanh_().mul_(softcap)
-            if mask_view is not None:
-                block_mask = mask_view[..., q0:q1, k0:k1]
-                if block_mask.dtype == torch.bool:
-                    scores.masked_fill_(~block_mask, neg_inf)
-                else:
-                    scores.add_(block_mask)
-            # Causal/window masking only where the block crosses the diagonal or the window edge.
-            crosses_diagonal = causal and k1 - 1 > q0 + offset
-            crosses_window = bool(sliding_window) and mask_view is None and q1 - 1 + offset - k0 >= int(sliding_window)
-            if crosses_diagonal or crosses_window:
-                k_pos = torch.arange(k0, k1, device=device)
-                visible = k_pos[None, :] <= q_pos[:, None]
-                if crosses_window:
-                    visible = visible & ((q_pos[:, None] - k_pos[None, :]) < int(sliding_window))
-                scores.masked_fill_(~visible, neg_inf)
-            block_max = scores.amax(dim=-1)
-            new_max = torch.maximum(running_max, block_max)
-            # Rows with nothing visible yet keep -inf; shift by 0 there to avoid inf - inf.
-            shift = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
-            rescale = torch.exp(running_max - shift)
-            weights = scores.sub_(shift.unsqueeze(-1)).exp_()  # in place: no second block
-            total = total * rescale + weights.sum(dim=-1)
-            acc = acc * rescale.unsqueeze(-1)
-            for index, (start, end) in enumerate(spans):
-                lo, hi = max(start, k0), min(end, k1)
-                if lo < hi:
-                    acc[..., index] += weights[..., lo - k0 : hi - k0].sum(dim=-1)
-            del scores, weights
-            running_max = new_max
-        safe_total = torch.where(total > 0, total, torch.ones_like(total))
-        out[:, :, :, q0:q1] = torch.where((total > 0).unsqueeze(-1), acc / safe_total.unsqueeze(-1), torch.zeros_like(acc))
-    return out.reshape(batch, heads, t_q, n_spans)
-
-
-def _grouped_mask(mask: "torch.Tensor", batch: int, kv_heads: int, group: int, t_q: int, t_k: int) -> "torch.Tensor":
-    """View a [B|1, H|1, Tq, Tk] mask as [B|1, KVH|1, G|1, Tq, Tk] without copying."""
-    if mask.dim() != 4:
-        raise SysbenchError(f"attention mask must be 4-D, got shape {tuple(mask.shape)}")
-    m_b, m_h = mask.shape[0], mask.shape[1]
-    mask = mask[..., -t_q:, -t_k:] if (mask.shape[2] != t_q or mask.shape[3] != t_k) else mask
-    if m_h == 1:
-        return mask.unsqueeze(2)
-    if m_h == kv_heads * group:
-        return mask.reshape(m_b, kv_heads, group, mask.shape[2], mask.shape[3])
-    raise SysbenchError(f"attention mask has {m_h} heads, expected 1 or {kv_heads * group}")
+PATHS = ("auto", "fallback")  # auto: kernel-LSE where a kernel applies; fallback: always the chunked recomputation
 
 
 # ----------------------------------------------------------------- registration
@@ -213,15 +67,14 @@ def _registered_name(base: str) -> str:
 
 
 def _make_capture_function(base: str):
-    """The attention function registered for ``base``: run the base path, then report spans."""
+    """The attention function registered for ``base``: the base path, or the capture's own call at captured layers."""
 
     def capture_attention(module, query, key, value, attention_mask, **kwargs):
         base_fn = _base_function(module, base)
-        result = base_fn(module, query, key, value, attention_mask, **kwargs)
         sink = getattr(module, CAPTURE_ATTR, None)
-        if sink is not None:
-            sink.record(module, query, key, attention_mask, kwargs)
-        return result
+        if sink is None:
+            return base_fn(module, query, key, value, attention_mask, **kwargs)
+        return sink.attend(module, base, base_fn, query, key, value, attention_mask, kwargs)
 
     capture_attention.__name__ = f"sysbench_share_over_{base}"
     return capture_attention
@@ -312,13 +165,14 @@ def resolve_layers(spec: str, n_layers: int) -> dict[str, int]:
 
 @dataclass
 class LayerSink:
-    """Receives one layer's queries/keys and keeps the head-mean (and optionally per-head) span shares."""
+    """Attached to one captured attention module: runs that layer's attention and keeps its span shares."""
 
     layer: int
     capture: "AttentionShareCapture"
 
-    def record(self, module: Any, query: Any, key: Any, attention_mask: Any, kwargs: dict[str, Any]) -> None:
-        self.capture._record(self.layer, module, query, key, attention_mask, kwargs)
+    def attend(self, module: Any, base: str, base_fn: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+               kwargs: dict[str, Any]) -> Any:
+        return self.capture._attend(self.layer, module, base, base_fn, query, key, value, attention_mask, kwargs)
 
 
 class _StopForward(Exception):
@@ -346,15 +200,24 @@ class AttentionShareCapture:
     chunk_tokens: int | None = None
     budget_bytes: int = DEFAULT_BUDGET_BYTES
     per_head: bool = False
+    path: str = "auto"  # auto: kernel-LSE where a kernel applies, else fallback; fallback: always the chunked path
     results: dict[int, LayerShares] = field(default_factory=dict)
+    _paths: dict[int, list[str]] = field(default_factory=dict, repr=False)
     _saved_impl: list[tuple[Any, Any, bool]] = field(default_factory=list, repr=False)
     _sinks: list[Any] = field(default_factory=list, repr=False)
     _stop_after: int | None = field(default=None, repr=False)
     active: bool = field(default=False, repr=False)
 
+    @property
+    def paths(self) -> dict[int, str]:
+        """Per captured layer, how its shares were computed (every distinct way seen, joined by " | ")."""
+        return {layer: " | ".join(ways) for layer, ways in self._paths.items()}
+
     # -- context -----------------------------------------------------------------
     def __enter__(self) -> "AttentionShareCapture":
         model = self.model
+        if self.path not in PATHS:
+            raise SysbenchError(f"capture path {self.path!r} is not one of {', '.join(PATHS)}")
         if not hasattr(model, "set_attn_implementation") or not hasattr(model, "config"):
             raise SysbenchError(f"{type(model).__name__} is not a transformers PreTrainedModel; cannot capture attention")
         if hasattr(type(model), "_can_set_attn_implementation") and not type(model)._can_set_attn_implementation():
@@ -443,7 +306,63 @@ class AttentionShareCapture:
                 "during the forward; this model bypasses it and is not supported"
             )
 
-    def _record(self, layer: int, module: Any, query: Any, key: Any, attention_mask: Any, kwargs: dict[str, Any]) -> None:
+    def _attend(self, layer: int, module: Any, base: str, base_fn: Any, query: Any, key: Any, value: Any,
+                attention_mask: Any, kwargs: dict[str, Any]) -> Any:
+        """One captured layer: its attention output for the model, and its span shares into ``results``."""
+        from sysbench_gpu.attn_kernels import KernelInputs, choose_kernel
+
+        call = _LayerCall.read(layer, module, base, attention_mask, kwargs)
+        plan_heads = query.shape[0] * query.shape[1]
+        choice = choose_kernel(query, key, value, call.mask, base) if self.path == "auto" else None
+        kernel = None
+        if choice is not None and choice.function is not None:
+            try:
+                kernel = choice.function(query, key, value, call.mask, KernelInputs(call.scale, call.sdpa_is_causal(query)))
+            except (RuntimeError, ValueError, ImportError) as error:  # a kernel this GPU or build lacks: keep the model's call
+                reason = f"{choice.name} failed: {str(error).splitlines()[0][:200]}"
+                log.warning("layer %d: %s; using the fallback path", layer, reason)
+                choice = None
+                self._note(layer, f"fallback ({reason})")
+        if kernel is not None:
+            plan = plan_chunks(1, plan_heads, query.shape[2], _span_hull(self.spans, key.shape[2]), self.budget_bytes, self.chunk_tokens)
+            shares = span_share_given_lse(query, key, self.spans, kernel.lse, scale=call.scale, q_chunk=plan.q_chunk,
+                                          k_chunk=plan.k_chunk, causal=call.causal, mask=call.mask)
+            output: Any = (kernel.output, None)
+            self._note(layer, f"kernel-lse ({choice.name}){call.note}")
+        else:
+            output = base_fn(module, query, key, value, attention_mask, **kwargs)
+            plan = plan_chunks(1, plan_heads, query.shape[2], key.shape[2], self.budget_bytes, self.chunk_tokens)
+            shares = span_share(query, key, self.spans, scale=call.scale, q_chunk=plan.q_chunk, k_chunk=plan.k_chunk,
+                                causal=call.causal, softcap=call.softcap, mask=call.mask)
+            if choice is not None or self.path == "fallback":
+                why = "requested" if self.path == "fallback" else choice.reason
+                self._note(layer, f"fallback ({why}){call.note}")
+        self.results[layer] = LayerShares(mean=shares.mean(dim=1).cpu(), per_head=shares.cpu() if self.per_head else None)
+        if self._stop_after is not None and layer >= self._stop_after and set(self.layers) <= set(self.results):
+            raise _StopForward()
+        return output
+
+    def _note(self, layer: int, description: str) -> None:
+        """Record how a layer's shares were made (each distinct way once, logged the first time)."""
+        known = self._paths.setdefault(layer, [])
+        if description not in known:
+            level = logging.WARNING if "not applied" in description else logging.INFO
+            log.log(level, "attention capture, layer %d: %s", layer, description)
+            known.append(description)
+
+
+@dataclass(frozen=True)
+class _LayerCall:
+    """What the model passed to one attention call, read once: scale, visibility, softcap as the base path applies it."""
+
+    scale: float | None
+    causal: bool
+    mask: Any  # the model's 4-D mask, or None
+    softcap: float | None  # the softcap the base path applies (SDPA applies none)
+    note: str  # appended to the recorded path, e.g. that the model's SDPA path ignores its softcap
+
+    @classmethod
+    def read(cls, layer: int, module: Any, base: str, attention_mask: Any, kwargs: dict[str, Any]) -> "_LayerCall":
         for unsupported in ("position_bias", "s_aux", "sinks"):
             if kwargs.get(unsupported) is not None:
                 raise SysbenchError(
@@ -451,40 +370,36 @@ class AttentionShareCapture:
                 )
         if getattr(module, "training", False) and kwargs.get("dropout"):
             raise SysbenchError("attention capture needs the model in eval mode (dropout is on)")
-        scale = kwargs.get("scaling")
-        if scale is None:
-            scale = getattr(module, "scaling", None)
-        softcap = kwargs.get("softcap")
-        window = kwargs.get("sliding_window")
-        is_causal = kwargs.get("is_causal")
-        if is_causal is None:
-            is_causal = getattr(module, "is_causal", True)
         mask = attention_mask if (attention_mask is not None and getattr(attention_mask, "dim", lambda: 0)() == 4) else None
         if attention_mask is not None and mask is None:
             raise SysbenchError(
                 f"layer {layer}: attention mask of shape {tuple(attention_mask.shape)} is not supported (padding?); "
                 "run one unpadded sequence per forward"
             )
-        batch, heads = query.shape[0], query.shape[1]
-        plan = plan_chunks(batch, heads, query.shape[2], key.shape[2], self.budget_bytes, self.chunk_tokens)
-        shares = span_share(
-            query,
-            key,
-            self.spans,
-            scale=scale,
-            q_chunk=plan.q_chunk,
-            k_chunk=plan.k_chunk,
-            causal=bool(is_causal),
-            sliding_window=window,
-            softcap=softcap,
-            mask=mask,
-        )
-        self.results[layer] = LayerShares(
-            mean=shares.mean(dim=1).cpu(),
-            per_head=shares.cpu() if self.per_head else None,
-        )
-        if self._stop_after is not None and layer >= self._stop_after and set(self.layers) <= set(self.results):
-            raise _StopForward()
+        scale = kwargs.get("scaling")
+        if scale is None:
+            scale = getattr(module, "scaling", None)
+        is_causal = kwargs.get("is_causal")
+        if is_causal is None:
+            is_causal = getattr(module, "is_causal", True)
+        softcap = kwargs.get("softcap") or None
+        note = ""
+        if softcap and base != "eager":
+            # transformers' SDPA path drops softcap: the model ran without it, so the shares have none either.
+            note = f"; softcap {softcap:g} not applied: the model's {base} attention ignores it"
+            softcap = None
+        # A sliding window reaches SDPA and eager attention only through the mask, so only the mask is used here.
+        return cls(scale=None if scale is None else float(scale), causal=bool(is_causal), mask=mask, softcap=softcap, note=note)
+
+    def sdpa_is_causal(self, query: Any) -> bool:
+        """The causal flag transformers' SDPA path passes: only without a mask and with more than one query."""
+        return self.causal and self.mask is None and query.shape[2] > 1
+
+
+def _span_hull(spans: Sequence[tuple[int, int]], t_k: int) -> int:
+    """Keys between the first span's start and the last span's end (what span_share_given_lse reads per query)."""
+    live = [(max(0, a), min(t_k, b)) for a, b in spans if min(t_k, b) > max(0, a)]
+    return max(1, max(b for _, b in live) - min(a for a, _ in live)) if live else 1
 
 
 def _all_configs(model: Any) -> list[Any]:
@@ -505,11 +420,3 @@ def _all_configs(model: Any) -> list[Any]:
                 if sub is not None and hasattr(sub, "_attn_implementation"):
                     stack.append(sub)
     return list(seen.values())
-
-
-def eager_reference_shares(attentions: "torch.Tensor", spans: Sequence[tuple[int, int]]) -> "torch.Tensor":
-    """Span shares from a materialized [B, H, T, T] attention matrix (for tests and benchmarks)."""
-    import torch
-
-    columns = [attentions[..., a:b].float().sum(dim=-1) for a, b in spans]
-    return torch.stack(columns, dim=-1)

@@ -1,77 +1,26 @@
-"""Attention-share capture: chunked math against eager attention, restore, refusals."""
+"""Attention-share capture on real model code: both paths against eager attention, logits unchanged, restore, refusals."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from sysbench_gpu import attn_kernels  # noqa: E402
 from sysbench_gpu.attn_hooks import (  # noqa: E402
     CAPTURE_ATTR,
     AttentionShareCapture,
+    attention_modules,
     eager_reference_shares,
-    plan_chunks,
     resolve_layers,
-    span_share,
 )
 from sysbench_gpu.errors import SysbenchError  # noqa: E402
 
 TOL = 1e-5
-
-
-def naive_shares(q, k, spans, scale, mask_fn=None, softcap=None):
-    """Dense reference: repeat keys, full softmax, sum columns."""
-    heads, kv_heads = q.shape[1], k.shape[1]
-    keys = k.repeat_interleave(heads // kv_heads, dim=1)
-    scores = (q.double() @ keys.double().transpose(-1, -2)) * scale
-    if softcap:
-        scores = torch.tanh(scores / softcap) * softcap
-    t_q, t_k = q.shape[2], k.shape[2]
-    qi = torch.arange(t_q)[:, None] + (t_k - t_q)
-    ki = torch.arange(t_k)[None, :]
-    visible = ki <= qi if mask_fn is None else mask_fn(qi, ki)
-    scores = scores.masked_fill(~visible, float("-inf"))
-    probs = scores.softmax(-1)
-    return torch.stack([probs[..., a:b].sum(-1) for a, b in spans], dim=-1).float()
-
-
-@pytest.mark.parametrize("q_chunk,k_chunk", [(1, 1), (5, 7), (7, 64), (None, None), (13, 3)])
-def test_span_share_matches_dense_softmax_with_gqa(q_chunk, k_chunk):
-    torch.manual_seed(0)
-    q, k = torch.randn(2, 6, 29, 16) * 2, torch.randn(2, 2, 29, 16) * 2
-    spans = [(0, 3), (3, 17), (10, 29), (28, 40)]
-    got = span_share(q, k, spans, scale=0.25, q_chunk=q_chunk, k_chunk=k_chunk)
-    assert got.shape == (2, 6, 29, 4)
-    assert torch.allclose(got, naive_shares(q, k, spans, 0.25), atol=TOL)
-
-
-def test_span_share_window_softcap_masks_and_offset():
-    torch.manual_seed(1)
-    q, k = torch.randn(1, 4, 23, 8), torch.randn(1, 4, 23, 8)
-    spans = [(0, 5), (5, 23)]
-    windowed = span_share(q, k, spans, scale=0.5, q_chunk=4, k_chunk=6, sliding_window=5, softcap=3.0)
-    expected = naive_shares(q, k, spans, 0.5, mask_fn=lambda qi, ki: (ki <= qi) & (qi - ki < 5), softcap=3.0)
-    assert torch.allclose(windowed, expected, atol=TOL)
-    # The same window given as the model's boolean mask, and as an additive float mask.
-    qi, ki = torch.arange(23)[:, None], torch.arange(23)[None, :]
-    bool_mask = ((ki <= qi) & (qi - ki < 5))[None, None]
-    float_mask = torch.zeros(1, 1, 23, 23).masked_fill(~bool_mask, torch.finfo(torch.float32).min)
-    for mask in (bool_mask, float_mask):
-        got = span_share(q, k, spans, scale=0.5, q_chunk=9, k_chunk=4, softcap=3.0, mask=mask)
-        assert torch.allclose(got, expected, atol=TOL)
-    # Fewer queries than keys: the queries are the last positions (prefix cache).
-    tail = span_share(q[:, :, -6:], k, spans, scale=0.5, q_chunk=4, k_chunk=5)
-    assert torch.allclose(tail, naive_shares(q, k, spans, 0.5)[:, :, -6:], atol=TOL)
-
-
-def test_plan_chunks_stays_within_budget():
-    plan = plan_chunks(1, 64, 8192, 8192, budget_bytes=64 << 20)
-    assert plan.peak_bytes(1, 64) <= 64 << 20
-    assert plan.k_chunk == 4096 and plan.q_chunk >= 1
-    assert plan_chunks(1, 9, 100, 100, chunk_tokens=33) == type(plan)(33, 33)
-    with pytest.raises(SysbenchError):
-        plan_chunks(1, 9, 100, 100, chunk_tokens=0)
+PATHS = ("auto", "fallback")
 
 
 def test_resolve_layers():
@@ -105,50 +54,125 @@ def _tiny(kind: str):
     raise ValueError(kind)
 
 
-def _eager_attentions(model, ids):
+def _eager_attentions(model, ids, without_softcap=False):
+    """Eager attention probabilities of every layer; ``without_softcap``: as SDPA computes them (no logit softcapping)."""
+    modules = attention_modules(model)
+    saved = {i: getattr(m, "attn_logit_softcapping", None) for i, m in modules.items()}
     model.set_attn_implementation("eager")
     try:
+        if without_softcap:
+            for module in modules.values():
+                if hasattr(module, "attn_logit_softcapping"):
+                    module.attn_logit_softcapping = None
         with torch.no_grad():
-            return model(input_ids=ids, output_attentions=True).attentions
+            out = model(input_ids=ids, output_attentions=True)
+        return out.attentions, out.logits
     finally:
+        for index, module in modules.items():
+            if hasattr(module, "attn_logit_softcapping"):
+                module.attn_logit_softcapping = saved[index]
         model.set_attn_implementation("sdpa")
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral-window", "gemma2-softcap", "glm4"])
-def test_tiny_models_match_eager_and_keep_logits(kind):
+KINDS = ["llama", "qwen2", "mistral-window", "gemma2-softcap", "glm4"]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_tiny_models_match_eager_and_keep_logits(kind, path):
+    """Both paths equal eager attention (as SDPA runs it) on mid and last layers; chunks 6 and 16 do not divide T = 41."""
     model = _tiny(kind)
     ids = torch.randint(0, 97, (1, 41), generator=torch.Generator().manual_seed(3))
     spans = [(0, 2), (2, 25)]
     layers = [2, 3]  # middle and last of 4
-    attentions = _eager_attentions(model, ids)
+    attentions, _ = _eager_attentions(model, ids, without_softcap=True)  # SDPA ignores softcap
     with torch.no_grad():
         plain = model(input_ids=ids).logits
     for chunk in (None, 6, 16):
-        with AttentionShareCapture(model, layers=layers, spans=spans, chunk_tokens=chunk) as capture:
+        with AttentionShareCapture(model, layers=layers, spans=spans, chunk_tokens=chunk, path=path) as capture:
             with torch.no_grad():
                 logits = model(input_ids=ids).logits
-        assert torch.equal(logits, plain), "capture changed the model's output"
+        assert torch.equal(logits, plain), f"capture changed the model's output ({kind}, {path})"
         for layer in layers:
             expected = eager_reference_shares(attentions[layer], spans).mean(dim=1)
             assert torch.allclose(capture.results[layer].mean, expected, atol=TOL), (kind, chunk, layer)
+            recorded = capture.paths[layer]
+            assert recorded.startswith("kernel-lse (torch-cpu-flash)" if path == "auto" else "fallback (requested)"), recorded
     assert model.config._attn_implementation == "sdpa"
 
 
-def test_smollm2_grouped_query_matches_eager(smollm2_path):
+def test_smollm2_grouped_query_matches_eager_on_both_paths(smollm2_path):
     model = transformers.AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()
     assert model.config.num_attention_heads == 9 and model.config.num_key_value_heads == 3
     ids = torch.randint(0, 5000, (1, 50), generator=torch.Generator().manual_seed(5))
     spans = [(0, 3), (3, 31)]
-    attentions = _eager_attentions(model, ids)
+    attentions, _ = _eager_attentions(model, ids)
     n_layers = model.config.num_hidden_layers
     layers = [n_layers // 2, n_layers - 1]
-    for chunk in (7, 32):
-        with AttentionShareCapture(model, layers=layers, spans=spans, chunk_tokens=chunk, per_head=True) as capture:
-            results = capture.forward(ids, stop_early=chunk == 7)
-        for layer in layers:
-            per_head = eager_reference_shares(attentions[layer], spans)
-            assert torch.allclose(results[layer].per_head, per_head, atol=TOL)
-            assert torch.allclose(results[layer].mean, per_head.mean(dim=1), atol=TOL)
+    for path in PATHS:
+        for chunk in (7, 32):
+            with AttentionShareCapture(model, layers=layers, spans=spans, chunk_tokens=chunk, per_head=True, path=path) as capture:
+                results = capture.forward(ids, stop_early=chunk == 7)
+            for layer in layers:
+                per_head = eager_reference_shares(attentions[layer], spans)
+                assert torch.allclose(results[layer].per_head, per_head, atol=TOL), (path, chunk, layer)
+                assert torch.allclose(results[layer].mean, per_head.mean(dim=1), atol=TOL)
+
+
+def test_gemma2_shares_describe_the_attention_each_path_ran(caplog):
+    """Issue 8 item 9: transformers' SDPA path drops Gemma 2's softcap, eager applies it; the shares follow each."""
+    model = _tiny("gemma2-softcap")
+    with torch.no_grad():  # random weights give scores far below the cap of 5; scale q and k so that it bites
+        for module in attention_modules(model).values():
+            module.q_proj.weight.mul_(12)
+            module.k_proj.weight.mul_(12)
+    ids = torch.randint(0, 97, (1, 41), generator=torch.Generator().manual_seed(3))
+    spans = [(0, 2), (2, 25)]
+    capped, capped_logits = _eager_attentions(model, ids)
+    uncapped, uncapped_logits = _eager_attentions(model, ids, without_softcap=True)
+    with torch.no_grad():
+        sdpa_logits = model(input_ids=ids).logits
+    # What SDPA really computes: the attention without softcap (its logits match that eager run, not the capped one).
+    assert torch.allclose(sdpa_logits, uncapped_logits, atol=1e-5)
+    assert not torch.allclose(sdpa_logits, capped_logits, atol=1e-3)
+    differs = max(float((eager_reference_shares(capped[i], spans) - eager_reference_shares(uncapped[i], spans)).abs().max()) for i in (2, 3))
+    assert differs > 0.05  # the softcap changes the shares visibly: the comparison below can tell them apart
+    for path in PATHS:
+        with caplog.at_level(logging.INFO, logger="sysbench_gpu.attn_hooks"):
+            with AttentionShareCapture(model, layers=[2, 3], spans=spans, path=path) as capture:
+                with torch.no_grad():
+                    assert torch.equal(model(input_ids=ids).logits, sdpa_logits)
+        for layer in (2, 3):
+            assert torch.allclose(capture.results[layer].mean, eager_reference_shares(uncapped[layer], spans).mean(dim=1), atol=TOL)
+            assert "softcap 5 not applied: the model's sdpa attention ignores it" in capture.paths[layer]
+    assert "softcap 5 not applied" in caplog.text
+    # Eager: the model file's eager function applies the softcap, and the capture (fallback path) does too.
+    model.set_attn_implementation("eager")
+    with AttentionShareCapture(model, layers=[2, 3], spans=spans) as capture:
+        with torch.no_grad():
+            assert torch.equal(model(input_ids=ids).logits, capped_logits)
+    for layer in (2, 3):
+        assert torch.allclose(capture.results[layer].mean, eager_reference_shares(capped[layer], spans).mean(dim=1), atol=TOL)
+        assert capture.paths[layer] == "fallback (eager attention returns no log-sum-exp)"
+
+
+def test_a_failing_kernel_falls_back_to_the_models_own_call(monkeypatch):
+    model = _tiny("llama")
+    ids = torch.randint(0, 97, (1, 30), generator=torch.Generator().manual_seed(4))
+    spans = [(0, 2), (2, 12)]
+    attentions, _ = _eager_attentions(model, ids)
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel image is available for execution on the device\nsecond line")
+
+    monkeypatch.setattr(attn_kernels, "cpu_flash_attention", broken)
+    with AttentionShareCapture(model, layers=[3], spans=spans) as capture:
+        with torch.no_grad():
+            assert torch.equal(model(input_ids=ids).logits, plain)
+    assert capture.paths[3] == "fallback (torch-cpu-flash failed: no kernel image is available for execution on the device)"
+    assert torch.allclose(capture.results[3].mean, eager_reference_shares(attentions[3], spans).mean(dim=1), atol=TOL)
 
 
 def test_context_manager_restores_after_exception():

@@ -94,4 +94,17 @@ def test_estimate_end_to_end_on_a_small_run(estimate, tmp_path, dataset, monkeyp
     assert layouts["tensor-parallel"]["hours"][0] < layouts["device-map"]["hours"][0]
     assert layouts["tensor-parallel"]["hours"][0] < layouts["tensor-parallel"]["hours"][1]
     assert layouts["data-parallel"]["fits"] is False and "more than one 80 GB GPU" in layouts["data-parallel"]["why"]
+    for layout in ("device-map", "tensor-parallel"):  # the kernel-LSE path reads only the span keys: less than a second pass
+        capture = layouts[layout]["capture_s"]
+        assert 0 < capture["kernel-lse"][0] < capture["fallback"][0] and capture["kernel-lse"][0] < capture["kernel-lse"][1]
     assert "| tensor-parallel | 34 GiB |" in capsys.readouterr().out
+
+
+def test_capture_cost_is_measured_at_the_models_head_shape(estimate):
+    pytest.importorskip("torch")
+    shape = estimate.ModelShape.from_config({**estimate.QWEN2_72B, "num_hidden_layers": 2})
+    cost = estimate.measure_capture(shape, tokens=96, span_keys=20, heads=16, repeats=1)
+    assert (cost["heads"], cost["kv_heads"], cost["head_dim"]) == (16, 2, 128)
+    assert cost["attention_kernel_s"] > 0 and cost["kernel_lse_extra_s"] > 0 and cost["fallback_extra_s"] > 0
+    assert cost["kernel_lse_over_attention_kernel"] == pytest.approx(cost["kernel_lse_extra_s"] / cost["attention_kernel_s"])
+

@@ -14,7 +14,6 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO_ROOT / "kernels_bench"
-STANDIN = "gpu_check_standin:measure"
 
 
 def _gpu_check():
@@ -25,18 +24,19 @@ def _gpu_check():
         sys.path.remove(str(BENCH_DIR))
 
 
-def attention_measure_option() -> list[str]:
-    """The real ``bench_attention_capture.measure`` once it has the contract, else the test's stand-in."""
+def test_bench_measure_has_the_contract_gpu_check_calls() -> None:
+    """gpu_check calls bench_attention_capture.measure directly (no stand-in)."""
     pytest.importorskip("torch")
+    gpu_check = _gpu_check()
+    assert gpu_check.DEFAULT_MEASURE == "bench_attention_capture:measure"
     sys.path.insert(0, str(BENCH_DIR))
     try:
-        bench = importlib.import_module("bench_attention_capture")
+        measure = gpu_check.load_measure(gpu_check.DEFAULT_MEASURE)
     finally:
         sys.path.remove(str(BENCH_DIR))
-    parameters = inspect.signature(getattr(bench, "measure", lambda: None)).parameters
-    if all(name in parameters for name in _gpu_check().MEASURE_CONTRACT):
-        return []
-    return ["--attention-measure", STANDIN]
+    parameters = inspect.signature(measure).parameters
+    assert list(parameters)[:4] == list(gpu_check.MEASURE_CONTRACT)
+    assert {"repeats", "eager", "eager_max_gib", "chunk_mib", "input_ids_for"} <= set(parameters)
 
 
 def test_configs_are_the_published_shapes_and_scaled_ones_keep_the_architecture() -> None:
@@ -61,9 +61,8 @@ def test_configs_are_the_published_shapes_and_scaled_ones_keep_the_architecture(
 def test_gpu_check_quick_on_cpu_writes_attention_and_generation_rows(tmp_path: Path) -> None:
     out = tmp_path / "gpu_check.json"
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), str(REPO_ROOT / "tests"), env.get("PYTHONPATH")]))
-    command = [sys.executable, str(BENCH_DIR / "gpu_check.py"), "--device", "cpu", "--quick", "--json", str(out),
-               *attention_measure_option()]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    command = [sys.executable, str(BENCH_DIR / "gpu_check.py"), "--device", "cpu", "--quick", "--json", str(out)]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     report = json.loads(out.read_text(encoding="utf-8"))
@@ -75,7 +74,9 @@ def test_gpu_check_quick_on_cpu_writes_attention_and_generation_rows(tmp_path: P
     assert {row["tokens"] for row in attention} == {512, 1024}
     for row in attention:
         assert row["plain_s"] > 0 and row["capture_s"] > 0 and row["eager_s"] > 0
-        assert row["max_abs_diff_vs_eager"] < 1e-4  # fp32 capture agrees with eager attention
+        assert row["plain_peak_mib"] is not None and row["capture_peak_mib"] is not None
+        assert row["max_abs_diff_vs_eager"] < 1e-5  # fp32 capture agrees with eager attention
+        assert set(row["capture_paths"].values()) == {"kernel-lse (torch-cpu-flash)"}
     generation = report["generation"]
     assert {row["model"] for row in generation} == {"qwen2-7b", "llama-3.1-8b"}
     for row in generation:
