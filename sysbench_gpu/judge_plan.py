@@ -10,9 +10,9 @@ the references (``--history reference``), or nothing for a single-turn run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from sysbench_gpu.data import Constraint, Session, select_sessions
+from sysbench_gpu.data import Constraint, Session, Turn, select_sessions
 from sysbench_gpu.engines.base import ChatMessage
 from sysbench_gpu.judge_prompt import HistoryMessage, JudgeTemplate, render_prompt
 from sysbench_gpu.runstore import GenerationRecord, JudgmentRecord, RunDir
@@ -92,6 +92,26 @@ def build_history(
     return history
 
 
+@dataclass
+class PendingTurns:
+    """Sorts turns into judged already, not generated, or generated (yielded with their record), counting the first two."""
+
+    judged: set[tuple[int, int]]
+    generations: Mapping[tuple[int, int], GenerationRecord]
+    already: int = 0
+    not_generated: int = 0
+
+    def generated(self, session: Session, turns: Iterable[Turn]) -> Iterator[tuple[Turn, GenerationRecord]]:
+        for turn in turns:
+            key = (session.system_id, turn.index)
+            if key in self.judged:
+                self.already += 1
+            elif (record := self.generations.get(key)) is None:
+                self.not_generated += 1
+            else:
+                yield turn, record
+
+
 def plan_judging(
     sessions: Sequence[Session],
     generations: dict[tuple[int, int], GenerationRecord],
@@ -112,17 +132,9 @@ def plan_judging(
     chosen = select_sessions(sessions, system_ids, limit, source="sessions.json of this run")
     tasks: list[JudgeTask] = []
     skipped: list[JudgmentRecord] = []
-    already = not_generated = 0
+    pending = PendingTurns(judged, generations)
     for session in chosen:
-        for turn in session.turns:
-            key = (session.system_id, turn.index)
-            if key in judged:
-                already += 1
-                continue
-            record = generations.get(key)
-            if record is None:
-                not_generated += 1
-                continue
+        for turn, record in pending.generated(session, session.turns):
             if record.response is None or record.status != "ok":
                 skipped.append(skipped_record(record, judge_model, template.sha256))
                 continue
@@ -132,7 +144,7 @@ def plan_judging(
             history = build_history(session, turn.index, generations, mode)
             prompt = render_prompt(template, session, turn.index, history, record.response)
             tasks.append(JudgeTask(session.system_id, turn.index, prompt, turn.constraints, template.sha256))
-    return JudgePlan(tasks=tasks, skipped=skipped, already_judged=already, not_generated=not_generated)
+    return JudgePlan(tasks=tasks, skipped=skipped, already_judged=pending.already, not_generated=pending.not_generated)
 
 
 def skipped_record(

@@ -413,13 +413,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     pair_paths = [parse_gt_pair(text) for text in args.gt_pair]
     if any(_is_mteval(path) for path in args.runs):
         return _cmd_report_mteval(args, labels, formats, pair_paths)
-    options = {
-        "allow_partial": args.allow_partial,
-        "exclude_unparsed": args.exclude_unparsed,
-        "exclude_skipped": args.exclude_skipped,
-        "resamples": args.resamples,
-        "seed": args.seed,
-    }
+    options = _metric_options(args)
     # Every distinct directory is scored once, even when it is both a run and half of a pair.
     wanted = [Path(p) for p in args.runs] + [p for pair in pair_paths for p in pair]
     cache: dict[Path, RunSummary] = {}
@@ -475,6 +469,17 @@ def _is_mteval(path: str) -> bool:
     return is_mteval_run(path)
 
 
+def _metric_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The metric settings both benchmarks' reports pass to every run they score."""
+    return {
+        "allow_partial": args.allow_partial,
+        "exclude_unparsed": args.exclude_unparsed,
+        "exclude_skipped": args.exclude_skipped,
+        "resamples": args.resamples,
+        "seed": args.seed,
+    }
+
+
 def _cmd_report_mteval(args: argparse.Namespace, labels: Sequence[str | None], formats: Sequence[str],
                        pair_paths: Sequence[tuple[Path, Path]]) -> int:
     """``report`` on MT-Eval runs (every run must be one): leaderboard, tasks, turns, side by side."""
@@ -491,13 +496,7 @@ def _cmd_report_mteval(args: argparse.Namespace, labels: Sequence[str | None], f
                             "and are shown beside the same model's runs")
     if args.sort != "given":
         raise SysbenchError("--sort applies to SysBench runs; MT-Eval rows follow the order of the runs")
-    options = {
-        "allow_partial": args.allow_partial,
-        "exclude_unparsed": args.exclude_unparsed,
-        "exclude_skipped": args.exclude_skipped,
-        "resamples": args.resamples,
-        "seed": args.seed,
-    }
+    options = _metric_options(args)
     runs = [load_mteval_run(path, label, **options)
             for path, label in tqdm(list(zip(args.runs, labels)), desc="metrics", unit="run", file=sys.stderr,
                                     disable=None)]

@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 
 from sysbench_gpu.data import Session, select_sessions
 from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.judge_plan import JudgePlan, JudgeTask, skipped_record
+from sysbench_gpu.judge_plan import JudgePlan, JudgeTask, PendingTurns, skipped_record
 from sysbench_gpu.mteval.data import TASKS, answered_turns
 from sysbench_gpu.mteval.judge_prompt import KINDS, ScoreTemplate, judge_kind, load_score_template, render_score_prompt
 from sysbench_gpu.mteval.rules import rule_score
@@ -61,21 +61,13 @@ def plan_mteval(
     tasks: list[JudgeTask] = []
     skipped: list[JudgmentRecord] = []
     ruled: list[JudgmentRecord] = []
-    already = not_generated = 0
+    pending = PendingTurns(judged, generations)
     for session in chosen:
         info = TASKS.get(session.task or "")
         if info is None:
             raise SysbenchError(f"session {session.system_id}: unknown MT-Eval task {session.task!r}")
         template = templates[judge_kind(session)] if info.scorer == "judge" else None
-        for turn in answered_turns(session):
-            key = (session.system_id, turn.index)
-            if key in judged:
-                already += 1
-                continue
-            record = generations.get(key)
-            if record is None:
-                not_generated += 1
-                continue
+        for turn, record in pending.generated(session, answered_turns(session)):
             if record.response is None or record.status != "ok":
                 model = judge_model if template is not None else None
                 skipped.append(skipped_record(record, model, template.sha256 if template else None, info.scorer))
@@ -86,7 +78,7 @@ def plan_mteval(
                 ruled.append(rule_record(session, turn.index, record.response))
     asked = {task.system_id for task in tasks}
     needing = tuple(sorted({s.task for s in chosen if s.task and s.system_id in asked}))
-    return JudgePlan(tasks=tasks, skipped=skipped, already_judged=already, not_generated=not_generated,
+    return JudgePlan(tasks=tasks, skipped=skipped, already_judged=pending.already, not_generated=pending.not_generated,
                      ruled=ruled, benchmark="mteval", judge_tasks=needing)
 
 
