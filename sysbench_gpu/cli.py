@@ -20,7 +20,7 @@ from sysbench_gpu.redact import install_log_redaction, redact, register_secret_e
 
 # Order is the order in `--help`: the pipeline, then the side stage.
 STAGE_MODULES = (
-    "sysbench_gpu.data",
+    "sysbench_gpu.data_cli",
     "sysbench_gpu.generate_cli",
     "sysbench_gpu.judge_cli",
     "sysbench_gpu.metrics",

@@ -14,10 +14,10 @@ from sysbench_gpu.data import (
     OFFICIAL_SHA256,
     TYPE_ORDER,
     dataset_stats,
-    download_official,
     load_dataset,
     parse_sessions,
 )
+from sysbench_gpu.data_cli import download_official
 from sysbench_gpu.errors import SysbenchError
 
 
