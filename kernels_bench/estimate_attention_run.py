@@ -355,8 +355,8 @@ def measure_capture(shape: ModelShape, tokens: int, span_keys: int, heads: int, 
     spans = [(0, 3), (3, span_keys)]
     budget = 256 << 20  # the stage's default --chunk-mib
     lse = cpu_flash_attention(q, k, v, None, KernelInputs(None, True)).lse
-    given = plan_chunks(1, heads, tokens, span_keys, budget)
-    full = plan_chunks(1, heads, tokens, tokens, budget)
+    given = plan_chunks(1, heads, tokens, span_keys, budget, device_type="cpu")  # as the stage plans on the CPU
+    full = plan_chunks(1, heads, tokens, tokens, budget, device_type="cpu")
     runs = {
         "attention_kernel_s": lambda: cpu_flash_attention(q, k, v, None, KernelInputs(None, True)),
         "kernel_lse_extra_s": lambda: span_share_given_lse(q, k, spans, lse, q_chunk=given.q_chunk, k_chunk=given.k_chunk),

@@ -324,14 +324,16 @@ class AttentionShareCapture:
                 choice = None
                 self._note(layer, f"fallback ({reason})")
         if kernel is not None:
-            plan = plan_chunks(1, plan_heads, query.shape[2], _span_hull(self.spans, key.shape[2]), self.budget_bytes, self.chunk_tokens)
+            plan = plan_chunks(1, plan_heads, query.shape[2], _span_hull(self.spans, key.shape[2]), self.budget_bytes,
+                               self.chunk_tokens, query.device.type)
             shares = span_share_given_lse(query, key, self.spans, kernel.lse, scale=call.scale, q_chunk=plan.q_chunk,
                                           k_chunk=plan.k_chunk, causal=call.causal, mask=call.mask)
             output: Any = (kernel.output, None)
             self._note(layer, f"kernel-lse ({choice.name}){call.note}")
         else:
             output = base_fn(module, query, key, value, attention_mask, **kwargs)
-            plan = plan_chunks(1, plan_heads, query.shape[2], key.shape[2], self.budget_bytes, self.chunk_tokens)
+            plan = plan_chunks(1, plan_heads, query.shape[2], key.shape[2], self.budget_bytes, self.chunk_tokens,
+                               query.device.type)
             shares = span_share(query, key, self.spans, scale=call.scale, q_chunk=plan.q_chunk, k_chunk=plan.k_chunk,
                                 causal=call.causal, softcap=call.softcap, mask=call.mask)
             if choice is not None or self.path == "fallback":

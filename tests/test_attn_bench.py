@@ -119,3 +119,20 @@ class _Nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_span_work_bench_times_both_cpu_plans(tmp_path):
+    """kernels_bench/bench_span_work.py runs and records the stage's CPU plan beside the budget-only one."""
+    sys.path.insert(0, str(BENCH_DIR))
+    try:
+        import bench_span_work
+    finally:
+        sys.path.remove(str(BENCH_DIR))
+    out = tmp_path / "span.json"
+    assert bench_span_work.main(["--lengths", "48,130", "--span", "40", "--repeats", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["tokens"] for row in rows] == [48, 130]
+    for row in rows:
+        assert row["kernel"] == "torch-cpu-flash" and row["kernel_s"] > 0
+        for plan in ("stage_plan", "budget_only_plan"):
+            assert row[f"kernel_lse_s_{plan}"] > 0 and row[f"fallback_s_{plan}"] > 0

@@ -12,6 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from sysbench_gpu.attn_math import (  # noqa: E402
+    CPU_BLOCK_BYTES,
+    CPU_MAX_K_CHUNK,
     ieee_fp32_matmul,
     plan_chunks,
     span_share,
@@ -141,6 +143,11 @@ def test_plan_chunks_stays_within_budget():
     assert plan.peak_bytes(1, 64) <= 64 << 20
     assert plan.k_chunk == 4096 and plan.q_chunk >= 1
     assert plan_chunks(1, 9, 100, 100, chunk_tokens=33) == type(plan)(33, 33)
+    # On the CPU one score block stays near the cache-sized target, whatever the budget allows.
+    cpu = plan_chunks(1, 9, 2048, 2048, budget_bytes=256 << 20, device_type="cpu")
+    assert cpu.k_chunk == CPU_MAX_K_CHUNK and 4 * 9 * cpu.q_chunk * cpu.k_chunk <= CPU_BLOCK_BYTES
+    assert plan_chunks(1, 9, 2048, 2048, budget_bytes=256 << 20) == type(plan)(1024, 2048)  # CUDA: the budget decides
+    assert plan_chunks(1, 9, 2048, 2048, chunk_tokens=64, device_type="cpu") == type(plan)(64, 64)  # the user's choice wins
     with pytest.raises(SysbenchError):
         plan_chunks(1, 9, 100, 100, chunk_tokens=0)
 
