@@ -13,7 +13,8 @@ For each sequence length T the same model and inputs run as:
   returns), span shares summed from them; the other layers run SDPA.
 
 Plain, capture (and fallback) are timed interleaved, alternating their order on every
-repeat, after one untimed warm-up each; medians are reported. Eager is timed after them
+repeat, after one untimed warm-up each; medians are reported. Peak memory is read in one
+further pass per run, apart from the timed ones (``interleaved`` says why). Eager is timed after them
 and skipped where one layer's heads x T x T scores and probabilities would exceed
 ``--eager-max-gib``. Peak extra memory: ``torch.cuda.max_memory_allocated`` of the device
 in use above its pre-forward allocation on CUDA; on the CPU the peak RSS (VmHWM, reset
@@ -203,29 +204,37 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def _timed(run: Callable[[], None], device: str) -> tuple[float, int]:
+def _seconds(run: Callable[[], None], device: str) -> float:
+    started = time.perf_counter()
+    run()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(torch.device(device))
+    return time.perf_counter() - started
+
+
+def _peak_bytes(run: Callable[[], None], device: str) -> int:
     with PeakMemory(device) as memory:
-        started = time.perf_counter()
         run()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize(torch.device(device))
-        seconds = time.perf_counter() - started
-    return seconds, memory.peak
+    return memory.peak
 
 
 def interleaved(runs: dict[str, Callable[[], None]], device: str, repeats: int) -> dict[str, tuple[float, int]]:
-    """Median seconds and max peak bytes of each run, the runs interleaved and their order reversed every repeat."""
+    """Median seconds and peak bytes of each run, the runs interleaved and their order reversed every repeat.
+
+    Timing and memory are separate passes: the memory reading empties the caching allocator
+    (CUDA) or returns the free heap to the OS (CPU) first, and a run timed right after that
+    pays for faulting its memory back in, which a run in the stage never does (on the CPU
+    that alone put the capture 15% behind a plain forward at T = 1024). So the timed repeats
+    run as the stage runs, back to back, and one pass per run after them reads its peak.
+    """
     for run in runs.values():
         run()  # warm-up
     names = list(runs)
     times: dict[str, list[float]] = {name: [] for name in names}
-    peaks: dict[str, list[int]] = {name: [] for name in names}
     for repeat in range(max(1, repeats)):
         for name in names if repeat % 2 == 0 else reversed(names):
-            seconds, peak = _timed(runs[name], device)
-            times[name].append(seconds)
-            peaks[name].append(peak)
-    return {name: (statistics.median(times[name]), max(peaks[name])) for name in names}
+            times[name].append(_seconds(runs[name], device))
+    return {name: (statistics.median(times[name]), _peak_bytes(runs[name], device)) for name in names}
 
 
 # ----------------------------------------------------------------- eager at the selected layers
