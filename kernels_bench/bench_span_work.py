@@ -15,7 +15,8 @@ keys of the given head shape:
 Each extra is timed with the chunk plan the stage would choose on this device
 (``plan_chunks(..., device_type)``) and, on the CPU, with the plan sized by the memory budget
 alone (what the CPU used before the cache-sized block plan), so the two can be compared.
-Medians of ``--repeats`` after one warm-up.
+Medians of ``--repeats``, all runs interleaved, after one warm-up. ``measure_layer`` is also
+what ``estimate_attention_run.py --measure-capture`` times at a model's head shape.
 
 Usage::
 
@@ -26,22 +27,57 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 
-def _median_seconds(run: Callable[[], object], repeats: int, sync: Callable[[], None]) -> float:
-    run()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def _plan_key(name: str) -> str:
+    return name.replace(" ", "_").replace("-", "_")
+
+
+def measure_layer(query: Any, key: Any, value: Any, spans: list[tuple[int, int]], plans: Mapping[str, str],
+                  budget_bytes: int, repeats: int) -> dict[str, Any]:
+    """Median seconds of one captured layer's pieces: ``kernel_s`` (the LSE kernel the layer calls
+    anyway) and, for each named plan (a ``plan_chunks`` device type), ``kernel_lse_s_<plan>`` and
+    ``fallback_s_<plan>`` with the chunk lengths used in ``plan_<plan>``. Every run once untimed,
+    then all of them interleaved over ``repeats``, so a change of load hits them alike."""
+    import torch
+
+    from sysbench_gpu.attn_kernels import KernelInputs, choose_kernel
+    from sysbench_gpu.attn_math import plan_chunks, span_share, span_share_given_lse
+
+    choice = choose_kernel(query, key, value, None, "sdpa")
+    if choice.function is None:
+        raise SystemExit(f"no LSE kernel takes these inputs on {query.device}: {choice.reason}")
+    kernel, inputs = choice.function, KernelInputs(None, True)
+    lse = kernel(query, key, value, None, inputs).lse
+    tokens = query.shape[2]
+    result: dict[str, Any] = {"tokens": tokens, "kernel": choice.name}
+    runs: dict[str, Callable[[], object]] = {"kernel_s": lambda: kernel(query, key, value, None, inputs)}
+    for name, plan_device in plans.items():
+        given = plan_chunks(1, query.shape[1], tokens, spans[-1][1], budget_bytes, device_type=plan_device)
+        full = plan_chunks(1, query.shape[1], tokens, tokens, budget_bytes, device_type=plan_device)
+        result[f"plan_{_plan_key(name)}"] = {"lse": [given.q_chunk, given.k_chunk], "fallback": [full.q_chunk, full.k_chunk]}
+        runs[f"kernel_lse_s_{_plan_key(name)}"] = functools.partial(
+            span_share_given_lse, query, key, spans, lse, q_chunk=given.q_chunk, k_chunk=given.k_chunk)
+        runs[f"fallback_s_{_plan_key(name)}"] = functools.partial(
+            span_share, query, key, spans, q_chunk=full.q_chunk, k_chunk=full.k_chunk)
+    sync = torch.cuda.synchronize if query.device.type == "cuda" else (lambda: None)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for run in runs.values():
         run()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    for _ in range(max(1, repeats)):
+        for name, run in runs.items():
+            sync()
+            start = time.perf_counter()
+            run()
+            sync()
+            times[name].append(time.perf_counter() - start)
+    result.update({name: statistics.median(values) for name, values in times.items()})
+    return result
 
 
 def _cell(seconds: float, kernel_seconds: float) -> str:
@@ -63,17 +99,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from sysbench_gpu.attn_kernels import KernelInputs, choose_kernel
-    from sysbench_gpu.attn_math import plan_chunks, span_share, span_share_given_lse
-
     device = torch.device(args.device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     generator = torch.Generator(device="cpu").manual_seed(0)
-    budget = args.budget_mib << 20
-    plans = [("stage plan", device.type)] + ([("budget-only plan", "cuda")] if device.type == "cpu" else [])
+    plans = {"stage plan": device.type, **({"budget-only plan": "cuda"} if device.type == "cpu" else {})}
     rows = []
-    header = f"{'T':>6} {'kernel s':>9}" + "".join(f"  {'lse, ' + name:>18}  {'fallback, ' + name:>18}" for name, _ in plans)
+    header = f"{'T':>6} {'kernel s':>9}" + "".join(f"  {'lse, ' + name:>18}  {'fallback, ' + name:>18}" for name in plans)
     print(f"heads {args.heads} over {args.kv_heads}, head dim {args.head_dim}, span keys 3..{args.span}, "
           f"{dtype}, device {device}, median of {args.repeats}; extras as a multiple of the kernel's time")
     print(header)
@@ -82,27 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             return torch.randn(1, heads, tokens, args.head_dim, generator=generator).to(device, dtype)
 
         query, key, value = randn(args.heads), randn(args.kv_heads), randn(args.kv_heads)
-        spans = [(0, 3), (3, min(args.span, tokens))]
-        choice = choose_kernel(query, key, value, None, "sdpa")
-        if choice.function is None:
-            raise SystemExit(f"no LSE kernel takes these inputs on {device}: {choice.reason}")
-        kernel = choice.function
-        inputs = KernelInputs(None, True)
-        lse = kernel(query, key, value, None, inputs).lse
-        row: dict[str, object] = {"tokens": tokens, "kernel": choice.name,
-                                  "kernel_s": _median_seconds(lambda: kernel(query, key, value, None, inputs), args.repeats, sync)}
+        row = measure_layer(query, key, value, [(0, 3), (3, min(args.span, tokens))], plans, args.budget_mib << 20, args.repeats)
         line = f"{tokens:>6} {row['kernel_s']:9.3f}"
-        for name, plan_device in plans:
-            given = plan_chunks(1, args.heads, tokens, spans[-1][1], budget, device_type=plan_device)
-            full = plan_chunks(1, args.heads, tokens, tokens, budget, device_type=plan_device)
-            lse_s = _median_seconds(lambda: span_share_given_lse(query, key, spans, lse, q_chunk=given.q_chunk, k_chunk=given.k_chunk),
-                                    args.repeats, sync)
-            fallback_s = _median_seconds(lambda: span_share(query, key, spans, q_chunk=full.q_chunk, k_chunk=full.k_chunk),
-                                         args.repeats, sync)
-            key_name = name.replace(" ", "_").replace("-", "_")
-            row[f"kernel_lse_s_{key_name}"] = lse_s
-            row[f"fallback_s_{key_name}"] = fallback_s
-            row[f"plan_{key_name}"] = {"lse": [given.q_chunk, given.k_chunk], "fallback": [full.q_chunk, full.k_chunk]}
+        for name in plans:
+            lse_s, fallback_s = row[f"kernel_lse_s_{_plan_key(name)}"], row[f"fallback_s_{_plan_key(name)}"]
             line += f"  {_cell(lse_s, row['kernel_s']):>{max(18, len(name) + 5)}}  {_cell(fallback_s, row['kernel_s']):>{max(18, len(name) + 10)}}"
         print(line, flush=True)
         rows.append(row)

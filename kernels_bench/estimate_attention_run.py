@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_span_work beside this script
 
 from sysbench_gpu.attention import conversation_turns  # noqa: E402
 from sysbench_gpu.attn_segments import fit_layout  # noqa: E402
@@ -344,35 +345,19 @@ def measure_capture(shape: ModelShape, tokens: int, span_keys: int, heads: int, 
     kernel-LSE path's extra work, and the fallback's. Random fp32 queries and keys; medians of ``repeats``."""
     import torch
 
-    from sysbench_gpu.attn_kernels import KernelInputs, cpu_flash_attention
-    from sysbench_gpu.attn_math import plan_chunks, span_share, span_share_given_lse
+    from bench_span_work import measure_layer
 
     kv_heads = max(1, heads * shape.n_kv_heads // shape.n_heads)
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(1, heads, tokens, shape.head_dim, generator=generator)
     k = torch.randn(1, kv_heads, tokens, shape.head_dim, generator=generator)
     v = torch.randn(1, kv_heads, tokens, shape.head_dim, generator=generator)
-    spans = [(0, 3), (3, span_keys)]
     budget = 256 << 20  # the stage's default --chunk-mib
-    lse = cpu_flash_attention(q, k, v, None, KernelInputs(None, True)).lse
-    given = plan_chunks(1, heads, tokens, span_keys, budget, device_type="cpu")  # as the stage plans on the CPU
-    full = plan_chunks(1, heads, tokens, tokens, budget, device_type="cpu")
-    runs = {
-        "attention_kernel_s": lambda: cpu_flash_attention(q, k, v, None, KernelInputs(None, True)),
-        "kernel_lse_extra_s": lambda: span_share_given_lse(q, k, spans, lse, q_chunk=given.q_chunk, k_chunk=given.k_chunk),
-        "fallback_extra_s": lambda: span_share(q, k, spans, q_chunk=full.q_chunk, k_chunk=full.k_chunk),
-    }
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for run in runs.values():
-        run()
-    for _ in range(repeats):
-        for name, run in runs.items():  # interleaved, so load changes hit all three alike
-            started = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - started)
+    layer = measure_layer(q, k, v, [(0, 3), (3, span_keys)], {"stage": "cpu"}, budget, repeats)  # as the stage plans on the CPU
     result: dict[str, Any] = {"tokens": tokens, "span_keys": span_keys, "heads": heads, "kv_heads": kv_heads,
-                              "head_dim": shape.head_dim, "threads": torch.get_num_threads()}
-    result.update({name: statistics.median(values) for name, values in times.items()})
+                              "head_dim": shape.head_dim, "threads": torch.get_num_threads(),
+                              "attention_kernel_s": layer["kernel_s"], "kernel_lse_extra_s": layer["kernel_lse_s_stage"],
+                              "fallback_extra_s": layer["fallback_s_stage"]}
     for path in ("kernel_lse", "fallback"):
         result[f"{path}_over_attention_kernel"] = result[f"{path}_extra_s"] / result["attention_kernel_s"]
     return result
