@@ -50,8 +50,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sysbench_gpu.attn_hooks import AttentionShareCapture, attention_modules, resolve_layers  # noqa: E402
-from sysbench_gpu.attn_math import eager_reference_shares  # noqa: E402
+from sysbench_gpu.attention.hooks import AttentionShareCapture
+from sysbench_gpu.attention.layers import attention_modules, resolve_layers
+from sysbench_gpu.attention.span_math import eager_reference_shares  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "sysbench" / "sessions.json"
@@ -98,7 +99,7 @@ def build_model(name: str, dtype: torch.dtype, device: str) -> tuple[Any, Any]:
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
         )
         return LlamaForCausalLM(config).to(dtype).to(device).eval(), None
-    from sysbench_gpu.models import resolve_model
+    from sysbench_gpu.engines.models import resolve_model
 
     path = resolve_model(name)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
@@ -119,8 +120,8 @@ def random_inputs(vocab_size: int, device: str) -> Callable[[int], Inputs]:
 
 def sysbench_inputs(tokenizer: Any, data: Path, first_session: int, device: str) -> Callable[[int], Inputs]:
     """A real SysBench conversation through the chat template, extended with later sessions' turns and cut at T."""
-    from sysbench_gpu.attn_segments import TurnText, layout_conversation
-    from sysbench_gpu.data import load_dataset
+    from sysbench_gpu.attention.segments import TurnText, layout_conversation
+    from sysbench_gpu.benchmarks.base import load_dataset
 
     sessions = load_dataset(data).sessions
     start = next((i for i, s in enumerate(sessions) if s.system_id == first_session), None)

@@ -46,8 +46,8 @@ def measure_layer(query: Any, key: Any, value: Any, spans: list[tuple[int, int]]
     then all of them interleaved over ``repeats``, so a change of load hits them alike."""
     import torch
 
-    from sysbench_gpu.attn_kernels import KernelInputs, choose_kernel
-    from sysbench_gpu.attn_math import plan_chunks, span_share, span_share_given_lse
+    from sysbench_gpu.attention.kernels import KernelInputs, choose_kernel
+    from sysbench_gpu.attention.span_math import plan_chunks, span_share, span_share_given_lse
 
     choice = choose_kernel(query, key, value, None, "sdpa")
     if choice.function is None:

@@ -31,8 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from sysbench_gpu.batch_infer import conversation_for_turn  # noqa: E402
-from sysbench_gpu.data import Session, load_dataset  # noqa: E402
+from sysbench_gpu.benchmarks.base import load_dataset  # noqa: E402
+from sysbench_gpu.core.messages import conversation_for_turn
+from sysbench_gpu.core.sessions import Session  # noqa: E402
 from sysbench_gpu.engines.base import SamplingSpec  # noqa: E402
 
 

@@ -52,11 +52,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_span_work beside this script
 
-from sysbench_gpu.attention import conversation_turns  # noqa: E402
-from sysbench_gpu.attn_segments import fit_layout  # noqa: E402
-from sysbench_gpu.device_specs import load_device_spec  # noqa: E402
-from sysbench_gpu.roofline import ModelShape  # noqa: E402
-from sysbench_gpu.runstore import RunDir  # noqa: E402
+from sysbench_gpu.attention.conversation import conversation_turns  # noqa: E402
+from sysbench_gpu.attention.segments import fit_layout  # noqa: E402
+from sysbench_gpu.benchmarks.base import load_run_sessions
+from sysbench_gpu.core.rundir import RunDir  # noqa: E402
+from sysbench_gpu.profiling.device_specs import load_device_spec  # noqa: E402
+from sysbench_gpu.profiling.roofline import ModelShape  # noqa: E402
 
 QWEN2_72B = {
     "model_type": "qwen2",  # q/k/v carry biases
@@ -130,7 +131,7 @@ def load_tokenizer(spec: str) -> tuple[Any, str]:
         return tokenizer, tokenizer.name
     from transformers import AutoTokenizer
 
-    from sysbench_gpu.models import resolve_model
+    from sysbench_gpu.engines.models import resolve_model
 
     return AutoTokenizer.from_pretrained(resolve_model(spec)), spec
 
@@ -151,7 +152,7 @@ def count_tokens(run_dir: Path, tokenizer: Any, max_tokens: int) -> tuple[list[F
     run = RunDir(run_dir).require()
     generations = run.generations.read()
     forwards, seconds = [], []
-    for session in run.load_sessions():
+    for session in load_run_sessions(run):
         turns, _ = conversation_turns(session, "generations" if generations else "reference", generations)
         for condition in ("system", "control"):
             if not turns:
@@ -167,7 +168,7 @@ def count_tokens(run_dir: Path, tokenizer: Any, max_tokens: int) -> tuple[list[F
 
 def time_saving(forwards: list[Forward], layers: int, repeats: int = 20) -> float:
     """Median seconds to write one session's arrays as the stage does (compressed .npz, atomic), at the median length."""
-    from sysbench_gpu.attn_store import save_npz_atomic
+    from sysbench_gpu.attention.store import save_npz_atomic
 
     length = int(statistics.median(f.tokens for f in forwards))
     rng = np.random.default_rng(0)
@@ -344,7 +345,6 @@ def measure_capture(shape: ModelShape, tokens: int, span_keys: int, heads: int, 
     that computes the layer's attention (SDPA's CPU flash kernel, which also returns the row LSE), the
     kernel-LSE path's extra work, and the fallback's. Random fp32 queries and keys; medians of ``repeats``."""
     import torch
-
     from bench_span_work import measure_layer
 
     kv_heads = max(1, heads * shape.n_kv_heads // shape.n_heads)

@@ -96,7 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def published_config(name: str) -> dict[str, Any]:
     """The fields of the model's published config.json that build it: shape from the shared table, RoPE and norm."""
-    from sysbench_gpu.profile_inputs import reference_configs
+    from sysbench_gpu.profiling.model_config import reference_configs
 
     table = reference_configs()[name]
     return {**{field: table[field] for field in SHAPE_FIELDS}, **copy.deepcopy(ROPE_AND_NORM[name])}
@@ -211,8 +211,8 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import torch
     import transformers
-
     from bench_turn_sync import compare, pick_sessions
+
     from sysbench_gpu.engines.hf import HFEngine
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

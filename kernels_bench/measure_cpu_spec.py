@@ -63,8 +63,8 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=1024, help="MiB read by the bandwidth test (default 1024)")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    from sysbench_gpu.device_specs import load_device_spec
-    from sysbench_gpu.runstore import write_json_atomic
+    from sysbench_gpu.core.rundir import write_json_atomic
+    from sysbench_gpu.profiling.device_specs import load_device_spec
 
     spec = measure(args.gemm, args.mib, args.repeats)
     write_json_atomic(Path(args.out), spec)

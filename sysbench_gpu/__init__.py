@@ -1,7 +1,8 @@
 """sysbench-gpu: offline inference, judging and attention attribution for SysBench.
 
-The pipeline is data -> batch_infer -> judge -> metrics -> report, with attn_hooks
-beside it. Each stage reads and writes documented files in a run directory
+The pipeline is data (``datasets``) -> generate (``generation``) -> judge (``judging``)
+-> metrics -> report (``reporting``), with attention capture (``attention``) beside it.
+Each stage reads and writes documented files in a run directory
 (see ``docs/run-directory.md``), so any stage can be rerun alone.
 """
 

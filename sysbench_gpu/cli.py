@@ -15,20 +15,25 @@ import sys
 from typing import Sequence
 
 from sysbench_gpu import __version__
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.redact import install_log_redaction, redact, register_secret_env, register_url_secrets
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.redact import (
+    install_log_redaction,
+    redact,
+    register_secret_env,
+    register_url_secrets,
+)
 
 # Order is the order in `--help`: the pipeline, then the side stage.
 STAGE_MODULES = (
-    "sysbench_gpu.data_cli",
-    "sysbench_gpu.generate_cli",
-    "sysbench_gpu.judge_cli",
-    "sysbench_gpu.metrics",
-    "sysbench_gpu.report",
-    "sysbench_gpu.upstream",
-    "sysbench_gpu.attention",
-    "sysbench_gpu.profile",
-    "sysbench_gpu.explore",
+    "sysbench_gpu.datasets.cli",
+    "sysbench_gpu.generation.cli",
+    "sysbench_gpu.judging.cli",
+    "sysbench_gpu.reporting.metrics",
+    "sysbench_gpu.reporting.report",
+    "sysbench_gpu.benchmarks.sysbench.upstream",
+    "sysbench_gpu.attention.stage",
+    "sysbench_gpu.profiling.stage",
+    "sysbench_gpu.explore.site",
 )
 
 

@@ -50,7 +50,7 @@ def sessions_file(shared_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def dataset(sessions_file: Path):
-    from sysbench_gpu.data import load_dataset
+    from sysbench_gpu.benchmarks.base import load_dataset
 
     return load_dataset(sessions_file)
 
@@ -60,6 +60,6 @@ def smollm2_path() -> str:
     """The embedded model as a safetensors folder (converted once into the user cache)."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from sysbench_gpu.models import resolve_model
+    from sysbench_gpu.engines.models import resolve_model
 
     return resolve_model("smollm2")

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from sysbench_gpu.data import load_dataset
-from sysbench_gpu.runstore import GenerationRecord, RunDir
+from sysbench_gpu.benchmarks.base import load_dataset, save_run_sessions
+from sysbench_gpu.core.records import GenerationRecord
+from sysbench_gpu.core.rundir import RunDir
 
 ReplyOf = Callable[[Any, int], "str | None"]  # (session, turn index) -> reply, None for a skipped turn
 
@@ -36,7 +37,7 @@ def make_mteval_run(
     run = RunDir(path)
     path.mkdir(parents=True, exist_ok=True)
     run.update_manifest(label=label or path.name, model=model)
-    run.write_sessions(sessions, dataset)
+    save_run_sessions(run, sessions, dataset)
     only = set(answered_only) if answered_only is not None else None
     records = []
     for session in sessions:
@@ -108,8 +109,9 @@ class ScoreMarkerJudge:
 
 def judge_with_markers(run: RunDir) -> None:
     """Score a run's 1-10 turns with ScoreMarkerJudge (hf-style rounds, no cache), its rule turns by rule."""
-    from sysbench_gpu.judge import JudgeSettings, judge_run
-    from sysbench_gpu.judge_prompt import load_template
+    from sysbench_gpu.benchmarks.sysbench.judge_prompt import load_template
+    from sysbench_gpu.judging.rounds import JudgeSettings
+    from sysbench_gpu.judging.stage import judge_run
 
     settings = JudgeSettings(backend="hf", model="marker-judge", template=load_template("zh"), cache_dir=None)
     judge_run(run, settings, ScoreMarkerJudge, show_progress=False)

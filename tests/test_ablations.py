@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from sysbench_gpu.ablations import (
-    Exchange,
+from sysbench_gpu.benchmarks.sysbench.ablations import (
     ablation_conversation,
-    ablation_settings,
-    check_ablation_compatible,
     choose_distractors,
     distractor_pool,
     insert_distractors,
     single_turn_conversation,
 )
-from sysbench_gpu.data import Constraint, Session, Turn
-from sysbench_gpu.errors import SysbenchError
+from sysbench_gpu.core.ablation_files import Exchange, ablation_settings, check_ablation_compatible
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.sessions import Constraint, Session, Turn
 
 
 def _session(system_id: int, references: list[str | None]) -> Session:
@@ -134,7 +132,7 @@ def test_manifest_settings_refuse_mixing() -> None:
 
 
 def test_distractors_file_round_trip_and_errors(tmp_path) -> None:
-    from sysbench_gpu.ablations import read_distractors, write_distractors
+    from sysbench_gpu.core.ablation_files import read_distractors, write_distractors
 
     pool = distractor_pool(SESSIONS)
     chosen = {sid: choose_distractors(pool, sid, 2, seed=0) for sid in (1, 2)}

@@ -9,15 +9,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from sysbench_gpu import attn_kernels  # noqa: E402
-from sysbench_gpu.attn_hooks import (  # noqa: E402
-    CAPTURE_ATTR,
-    AttentionShareCapture,
-    attention_modules,
-    eager_reference_shares,
-    resolve_layers,
-)
-from sysbench_gpu.errors import SysbenchError  # noqa: E402
+from sysbench_gpu.attention import kernels as attn_kernels  # noqa: E402
+from sysbench_gpu.attention.hooks import CAPTURE_ATTR, AttentionShareCapture
+from sysbench_gpu.attention.layers import attention_modules, resolve_layers
+from sysbench_gpu.attention.span_math import eager_reference_shares
+from sysbench_gpu.core.errors import SysbenchError  # noqa: E402
 
 TOL = 1e-5
 PATHS = ("auto", "fallback")
@@ -138,7 +134,7 @@ def test_gemma2_shares_describe_the_attention_each_path_ran(caplog):
     differs = max(float((eager_reference_shares(capped[i], spans) - eager_reference_shares(uncapped[i], spans)).abs().max()) for i in (2, 3))
     assert differs > 0.05  # the softcap changes the shares visibly: the comparison below can tell them apart
     for path in PATHS:
-        with caplog.at_level(logging.INFO, logger="sysbench_gpu.attn_hooks"):
+        with caplog.at_level(logging.INFO, logger="sysbench_gpu.attention.hooks"):
             with AttentionShareCapture(model, layers=[2, 3], spans=spans, path=path) as capture:
                 with torch.no_grad():
                     assert torch.equal(model(input_ids=ids).logits, sdpa_logits)

@@ -8,8 +8,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sysbench_gpu import attn_kernels  # noqa: E402
-from sysbench_gpu.attn_kernels import KernelInputs, additive_mask, choose_kernel, cpu_flash_attention  # noqa: E402
+from sysbench_gpu.attention import kernels as attn_kernels  # noqa: E402
+from sysbench_gpu.attention.kernels import (  # noqa: E402
+    KernelInputs,
+    additive_mask,
+    choose_kernel,
+    cpu_flash_attention,
+)
 
 
 def _qkv(heads=6, kv_heads=2, t=37, dim=16, seed=0):

@@ -6,8 +6,13 @@ import types
 
 import pytest
 
-from sysbench_gpu.attn_layout import Distributed, LoadPlan, check_tensor_parallel_heads, plan_load
-from sysbench_gpu.errors import SysbenchError
+from sysbench_gpu.attention.layout import (
+    Distributed,
+    LoadPlan,
+    check_tensor_parallel_heads,
+    plan_load,
+)
+from sysbench_gpu.core.errors import SysbenchError
 
 SOLO = Distributed(rank=0, world=1, local_rank=0)
 RANK2_OF_4 = Distributed(rank=2, world=4, local_rank=2)
@@ -76,7 +81,7 @@ def test_load_model_binds_the_device_before_loading_and_never_copies_through_the
     import torch
     from transformers import AutoModelForCausalLM
 
-    from sysbench_gpu import attn_layout
+    from sysbench_gpu.attention import layout as attn_layout
 
     events = []
 
@@ -117,7 +122,7 @@ def test_data_parallel_rank_loads_onto_its_own_gpu_only(smollm2_path):
     """On a CUDA machine: the last GPU's rank holds every weight there and allocates nothing on GPU 0."""
     import torch
 
-    from sysbench_gpu import attn_layout
+    from sysbench_gpu.attention import layout as attn_layout
 
     last = torch.cuda.device_count() - 1
     rank = Distributed(rank=last, world=last + 1, local_rank=last)
@@ -132,8 +137,8 @@ def test_any_model_load_failure_is_one_line(monkeypatch, smollm2_path):
     """A failure inside from_pretrained (not caught by the model-folder checks) is one SysbenchError line."""
     from transformers import AutoModelForCausalLM
 
-    from sysbench_gpu import attn_layout
-    from sysbench_gpu.errors import SysbenchError
+    from sysbench_gpu.attention import layout as attn_layout
+    from sysbench_gpu.core.errors import SysbenchError
 
     def broken(path, **kwargs):
         raise RuntimeError("size mismatch for model.layers.0.self_attn.q_proj.weight\nsecond line of detail")

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sysbench_gpu.attn_math import (  # noqa: E402
+from sysbench_gpu.attention.span_math import (  # noqa: E402
     CPU_BLOCK_BYTES,
     CPU_MAX_K_CHUNK,
     ieee_fp32_matmul,
@@ -19,7 +19,7 @@ from sysbench_gpu.attn_math import (  # noqa: E402
     span_share,
     span_share_given_lse,
 )
-from sysbench_gpu.errors import SysbenchError  # noqa: E402
+from sysbench_gpu.core.errors import SysbenchError  # noqa: E402
 
 TOL = 1e-5
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -159,7 +159,7 @@ _PEAK_SCRIPT = textwrap.dedent(
     import ctypes, sys
     from pathlib import Path
     import torch
-    from sysbench_gpu.attn_math import span_share, span_share_given_lse
+    from sysbench_gpu.attention.span_math import span_share, span_share_given_lse
 
     def status(field):
         for line in Path("/proc/self/status").read_text().splitlines():

@@ -8,14 +8,14 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from sysbench_gpu.attn_segments import (  # noqa: E402
+from sysbench_gpu.attention.segments import (  # noqa: E402
     CONTROL_JOINER,
     TurnText,
     build_messages,
     fit_layout,
     layout_conversation,
 )
-from sysbench_gpu.errors import SysbenchError  # noqa: E402
+from sysbench_gpu.core.errors import SysbenchError  # noqa: E402
 
 # Written for these tests: a Llama-3-style header template that trims contents and adds a BOS.
 HEADER_TEMPLATE = (

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from sysbench_gpu.attn_analysis import (  # noqa: E402
+from sysbench_gpu.attention.analysis import (  # noqa: E402
     TurnShare,
     compare_conditions,
     correlate_with_verdicts,
@@ -20,9 +20,11 @@ from sysbench_gpu.attn_analysis import (  # noqa: E402
     read_turn_table,
     turn_shares,
 )
-from sysbench_gpu.attn_store import append_lines, complete_lines  # noqa: E402
+from sysbench_gpu.attention.store import append_lines, complete_lines  # noqa: E402
+from sysbench_gpu.benchmarks.base import save_run_sessions
 from sysbench_gpu.cli import main  # noqa: E402
-from sysbench_gpu.runstore import GenerationRecord, JudgmentRecord, RunDir, Verdict  # noqa: E402
+from sysbench_gpu.core.records import GenerationRecord, JudgmentRecord, Verdict  # noqa: E402
+from sysbench_gpu.core.rundir import RunDir  # noqa: E402
 
 N_SESSIONS = 3
 
@@ -38,7 +40,7 @@ def run_dir(tmp_path, dataset):
     sessions = [_short(s) for s in dataset.select(limit=N_SESSIONS)]
     run = RunDir(tmp_path / "run")
     run.update_manifest(stage="generate", model="smollm2")
-    run.write_sessions(sessions, dataset)
+    save_run_sessions(run, sessions, dataset)
     generations, judgments = [], []
     for session in sessions:
         for turn in session.turns:
@@ -131,7 +133,7 @@ def test_ranks_split_sessions_and_rank0_merges(run_dir, tmp_path, monkeypatch):
 
 def test_torn_shard_tail_is_cut_and_its_rows_recovered(run_dir, tmp_path, monkeypatch):
     """Issue 9 item 7: a crash mid-append tears the shard's last line; the rerun neither fails nor loses rows."""
-    from sysbench_gpu import attn_hooks
+    from sysbench_gpu.attention import hooks as attn_hooks
 
     class CaptureWithPaths(attn_hooks.AttentionShareCapture):
         paths = {3: "fallback", 1: "kernel-lse"}  # what the capture reports it ran, where it reports it
@@ -159,8 +161,8 @@ def test_torn_shard_tail_is_cut_and_its_rows_recovered(run_dir, tmp_path, monkey
 
 def test_second_attention_process_on_one_out_is_refused_before_loading(run_dir, tmp_path, capsys, monkeypatch):
     """One writer per output directory: while another process holds the stage lock, nothing is loaded or written."""
-    from sysbench_gpu import attn_layout
-    from sysbench_gpu.locks import stage_lock
+    from sysbench_gpu.attention import layout as attn_layout
+    from sysbench_gpu.core.locks import stage_lock
 
     def never_load(*args, **kwargs):
         raise AssertionError("the model must not load while another process holds the lock")

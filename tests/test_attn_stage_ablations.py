@@ -14,15 +14,26 @@ pytest.importorskip("transformers")
 
 from fake_engine import FakeEngine  # noqa: E402
 
-from sysbench_gpu.attn_analysis import read_turn_table  # noqa: E402
-from sysbench_gpu.attn_conversation import RunConversations, concat_forwards, conversation_turns  # noqa: E402
-from sysbench_gpu.attn_segments import CONTROL_JOINER, TurnText, build_messages, layout_conversation  # noqa: E402
-from sysbench_gpu.batch_infer import GenerateSettings, run_generation  # noqa: E402
+from sysbench_gpu.attention.analysis import read_turn_table  # noqa: E402
+from sysbench_gpu.attention.conversation import (  # noqa: E402
+    RunConversations,
+    concat_forwards,
+    conversation_turns,
+)
+from sysbench_gpu.attention.segments import (  # noqa: E402
+    CONTROL_JOINER,
+    TurnText,
+    build_messages,
+    layout_conversation,
+)
+from sysbench_gpu.benchmarks.base import load_dataset  # noqa: E402
+from sysbench_gpu.benchmarks.sysbench.schema import session_to_upstream  # noqa: E402
 from sysbench_gpu.cli import main  # noqa: E402
-from sysbench_gpu.data import load_dataset  # noqa: E402
+from sysbench_gpu.core.errors import SysbenchError  # noqa: E402
+from sysbench_gpu.core.rundir import RunDir, write_json_atomic  # noqa: E402
 from sysbench_gpu.engines.base import SamplingSpec  # noqa: E402
-from sysbench_gpu.errors import SysbenchError  # noqa: E402
-from sysbench_gpu.runstore import RunDir, session_to_upstream, write_json_atomic  # noqa: E402
+from sysbench_gpu.generation.scheduler import run_generation
+from sysbench_gpu.generation.settings import GenerateSettings
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from sysbench_gpu.runstore import GenerationRecord, JudgmentRecord, RunDir, Verdict  # noqa: E402
+from sysbench_gpu.benchmarks.base import save_run_sessions
+from sysbench_gpu.core.records import GenerationRecord, JudgmentRecord, Verdict  # noqa: E402
+from sysbench_gpu.core.rundir import RunDir  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MID, LAST = 15, 29  # SmolLM2's 30 layers: mid = 30 // 2, last = 29
@@ -44,7 +46,8 @@ def eager_shares(model, token_ids: np.ndarray, spans: np.ndarray, layers: list[i
     """Per-head span shares [H, T, n_spans] from the eager attention probabilities at ``layers`` (one layer's T x T at a time)."""
     import torch
 
-    from sysbench_gpu.attn_hooks import attention_modules, eager_reference_shares
+    from sysbench_gpu.attention.layers import attention_modules
+    from sysbench_gpu.attention.span_math import eager_reference_shares
 
     found: dict[int, np.ndarray] = {}
     modules = attention_modules(model)
@@ -90,7 +93,7 @@ def two_session_run(tmp_path, dataset):
     sessions = [_shorten(s) for s in dataset.select(limit=2)]
     run = RunDir(tmp_path / "run")
     run.update_manifest(stage="generate", model="smollm2")
-    run.write_sessions(sessions, dataset)
+    save_run_sessions(run, sessions, dataset)
     for session in sessions:
         run.generations.append([
             GenerationRecord(session.system_id, t.index, t.user, f"好的，第{t.index}轮。我会按照要求回答：{t.user[:12]}", model="smollm2")

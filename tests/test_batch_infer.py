@@ -9,20 +9,26 @@ from pathlib import Path
 import pytest
 from fake_engine import FakeEngine, Interrupted
 
-from sysbench_gpu.batch_infer import (
+from sysbench_gpu.benchmarks.base import (
+    demo_data_path,
+    load_dataset,
+    load_run_sessions,
+    resolve_data_path,
+)
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.messages import (
     SYSTEM_FOLD_SEPARATOR,
-    GenerateSettings,
     conversation_for_turn,
     drop_oldest_turns,
     fold_system_message,
-    missing_references,
-    run_generation,
 )
-from sysbench_gpu.data import demo_data_path, load_dataset, parse_session_ids, resolve_data_path
+from sysbench_gpu.core.rundir import RunDir
+from sysbench_gpu.core.sessions import parse_session_ids
 from sysbench_gpu.engines.base import SamplingSpec
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.generate_cli import engine_options_from_args, register
-from sysbench_gpu.runstore import RunDir
+from sysbench_gpu.generation.cli import engine_options_from_args, register
+from sysbench_gpu.generation.plan import missing_references
+from sysbench_gpu.generation.scheduler import run_generation
+from sysbench_gpu.generation.settings import GenerateSettings
 
 SETTINGS = GenerateSettings(model="fake-model", engine="hf", sampling=SamplingSpec(max_tokens=10))
 
@@ -78,7 +84,7 @@ def test_model_history_one_call_per_turn_with_own_replies(demo, tmp_path):
     assert first.status == "ok" and first.history == "model" and first.model == "fake-model"
     assert first.prompt_tokens and first.output_tokens == 4 and first.finish_reason == "stop"
     # Snapshot, manifest and stats.
-    assert [s.system_id for s in run.load_sessions()] == [s.system_id for s in demo.sessions]
+    assert [s.system_id for s in load_run_sessions(run)] == [s.system_id for s in demo.sessions]
     stage = run.read_manifest()["stages"]["generate"]
     assert stage["status"] == "complete" and stage["sampling"] == {"max_tokens": 10}
     assert stage["sampling_defaults"] == {"max_tokens": 10} and stage["system_folded"] is False
@@ -127,7 +133,7 @@ def test_reference_history_missing_references(tmp_path):
     assert summary.skipped_sessions == [2, 4]
     assert {k[0] for k in records_by_key(run)} == {1, 3, 5}
     assert run.read_manifest()["stages"]["generate"]["skipped_sessions_missing_reference"] == [2, 4]
-    assert [s.system_id for s in run.load_sessions()] == [1, 3, 5]
+    assert [s.system_id for s in load_run_sessions(run)] == [1, 3, 5]
 
 
 def test_reference_history_on_shared_file_lists_sessions(dataset, tmp_path):
@@ -175,7 +181,7 @@ def test_resume_mid_session_when_some_sessions_are_ahead(demo, tmp_path):
     clean = RunDir(tmp_path / "clean")
     run_generation(FakeEngine(), demo, list(demo.sessions), clean, SETTINGS, progress=False)
     assert records_by_key(run) == records_by_key(clean)
-    assert len(run.load_sessions()) == len(demo.sessions)
+    assert len(load_run_sessions(run)) == len(demo.sessions)
 
 
 def test_changed_settings_in_existing_run_are_errors(demo, tmp_path):

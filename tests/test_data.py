@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from sysbench_gpu.data import (
+from sysbench_gpu.benchmarks.base import load_dataset
+from sysbench_gpu.benchmarks.sysbench.data import (
     OFFICIAL_SHA256,
     TYPE_ORDER,
     dataset_stats,
-    load_dataset,
     parse_sessions,
 )
-from sysbench_gpu.data_cli import download_official
-from sysbench_gpu.errors import SysbenchError
+from sysbench_gpu.benchmarks.sysbench.download import download_official
+from sysbench_gpu.core.errors import SysbenchError
 
 
 def test_table1_statistics(dataset) -> None:
@@ -54,7 +54,7 @@ def test_directory_is_accepted(shared_dir: Path) -> None:
 
 
 def _one_session(dataset) -> list[dict]:
-    from sysbench_gpu.runstore import session_to_upstream
+    from sysbench_gpu.benchmarks.sysbench.schema import session_to_upstream
 
     return [session_to_upstream(dataset.sessions[0])]
 

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from sysbench_gpu.batch_infer import GenerateSettings, conversation_for_turn, run_generation
-from sysbench_gpu.data import load_dataset
+from sysbench_gpu.benchmarks.base import load_dataset
+from sysbench_gpu.core.messages import conversation_for_turn
+from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.engines.base import SamplingSpec
-from sysbench_gpu.runstore import RunDir
+from sysbench_gpu.generation.scheduler import run_generation
+from sysbench_gpu.generation.settings import GenerateSettings
 
 pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parent.parent

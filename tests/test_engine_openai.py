@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from openai_stub import OpenAIStub, Reply
 
+from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.engines.base import SamplingSpec
 from sysbench_gpu.engines.retry import (
     NotRetryable,
@@ -21,8 +23,6 @@ from sysbench_gpu.engines.retry import (
     call_with_retries,
     parse_retry_after,
 )
-from sysbench_gpu.errors import SysbenchError
-from openai_stub import OpenAIStub, Reply
 
 pytest.importorskip("openai")
 
@@ -376,7 +376,7 @@ def test_generate_with_faults_then_resume_sends_nothing_twice(
     tmp_path: Path, sessions_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from sysbench_gpu import cli
-    from sysbench_gpu.runstore import RunDir
+    from sysbench_gpu.core.rundir import RunDir
 
     monkeypatch.setenv("SYSBENCH_TEST_KEY", SECRET)
     answered: list[tuple[str, int]] = []  # every request answered with 200, over both runs

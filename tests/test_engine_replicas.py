@@ -16,8 +16,10 @@ from typing import Any, Sequence
 
 import pytest
 
-from sysbench_gpu.batch_infer import GenerateSettings, conversation_for_turn, fold_system_message, run_generation
-from sysbench_gpu.data import load_dataset
+from sysbench_gpu.benchmarks.base import load_dataset
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.messages import conversation_for_turn, fold_system_message
+from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.engines.base import Completion, SamplingSpec, chat_sessions
 from sysbench_gpu.engines.vllm_engine import VLLMEngine, batch_invariance
 from sysbench_gpu.engines.vllm_replicas import (
@@ -26,8 +28,8 @@ from sysbench_gpu.engines.vllm_replicas import (
     replica_envs,
     session_key,
 )
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.runstore import RunDir
+from sysbench_gpu.generation.scheduler import run_generation
+from sysbench_gpu.generation.settings import GenerateSettings
 
 # A token is a word. With this context the demo sessions outgrow it at different turns
 # (sessions 1, 4, 5 at turn 4; 2 at turn 5; 3 never), so placement by the first two

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from sysbench_gpu.engines.startup import capture_output, hint_for, root_cause_line, startup_failure, startup_log_path
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.engines.startup import (
+    capture_output,
+    hint_for,
+    root_cause_line,
+    startup_failure,
+    startup_log_path,
+)
 from sysbench_gpu.engines.vllm_memory import (
     CPU_KV_MAX_BYTES,
     CPU_KV_MIN_BYTES,
@@ -18,7 +25,6 @@ from sysbench_gpu.engines.vllm_memory import (
     NodeMemory,
     plan_memory,
 )
-from sysbench_gpu.errors import SysbenchError
 
 # What vLLM 0.32's CPU build wrote when the fixed 0.9 did not fit (this machine, the code before the fix),
 # abridged: the worker's error, then the engine core's and the front end's wrappers.

@@ -21,10 +21,15 @@ from typing import Any, Iterator, Sequence
 
 import pytest
 
+from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.engines.base import Completion, SamplingSpec
 from sysbench_gpu.engines.vllm_engine import VLLMEngine
-from sysbench_gpu.engines.vllm_replicas import ReplicaPool, assign_replicas, replica_device_groups, session_key
-from sysbench_gpu.errors import SysbenchError
+from sysbench_gpu.engines.vllm_replicas import (
+    ReplicaPool,
+    assign_replicas,
+    replica_device_groups,
+    session_key,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -261,7 +266,7 @@ def test_generate_end_to_end_under_torchrun(tmp_path: Path, sessions_file: Path,
     ]
     run_logged(command, tmp_path / "generate.log", timeout=600, kv_cache_gib="1")
 
-    from sysbench_gpu.runstore import RunDir
+    from sysbench_gpu.core.rundir import RunDir
 
     run = RunDir(out)
     records = run.generations.read()

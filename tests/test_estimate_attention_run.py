@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from sysbench_gpu.attn_segments import TurnText, fit_layout
-from sysbench_gpu.runstore import GenerationRecord, RunDir
+from sysbench_gpu.attention.segments import TurnText, fit_layout
+from sysbench_gpu.benchmarks.base import save_run_sessions
+from sysbench_gpu.core.records import GenerationRecord
+from sysbench_gpu.core.rundir import RunDir
 
 SCRIPT = Path(__file__).resolve().parent.parent / "kernels_bench" / "estimate_attention_run.py"
 
@@ -77,7 +79,7 @@ def test_estimate_end_to_end_on_a_small_run(estimate, tmp_path, dataset, monkeyp
     sessions = [dataclasses.replace(s, system_prompt=s.system_prompt[:200]) for s in dataset.select(limit=2)]
     run = RunDir(tmp_path / "run")
     run.update_manifest(stage="generate", model="x")
-    run.write_sessions(sessions, dataset)
+    save_run_sessions(run, sessions, dataset)
     for session in sessions:
         run.generations.append([GenerationRecord(session.system_id, t.index, t.user, "好的。" * 20) for t in session.turns])
     bench = tmp_path / "bench.json"

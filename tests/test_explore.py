@@ -17,13 +17,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mteval_runs import judge_with_markers, make_mteval_run
+from test_mteval_judge_stage import _global_inst_reply
 
-from sysbench_gpu import explore
+from sysbench_gpu.benchmarks.base import load_run_sessions, save_run_sessions
 from sysbench_gpu.cli import main
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.runstore import GenerationRecord, JudgmentRecord, RunDir, Verdict
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.records import GenerationRecord, JudgmentRecord, Verdict
+from sysbench_gpu.core.rundir import RunDir
+from sysbench_gpu.explore import site as explore
+from sysbench_gpu.judging.stage import judge_run
 
-ASSETS = Path(explore.__file__).resolve().parent / "explore_assets"
+ASSETS = Path(explore.__file__).resolve().parent / "assets"
 HOSTILE = '</script><script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> & <b>'
 EMOJI_REPLY = "好的，明白了 😀\n第二行  两个空格"
 
@@ -54,7 +59,7 @@ def make_small_run(path: Path, dataset, sessions) -> Path:
     """Session 1 fails turn 2 (constraint 1); session 2 passes but its turn 5 is not judged: a partial run."""
     run = RunDir(path)
     run.update_manifest(stage="generate", model="smollm2")
-    run.write_sessions(sessions, dataset)
+    save_run_sessions(run, sessions, dataset)
     run.generations.append(
         GenerationRecord(system_id=s.system_id, turn=t.index, user=t.user, response=_reply(s.system_id, t.index),
                          model="smollm2", finish_reason="stop")
@@ -92,8 +97,9 @@ def _index(site: Path) -> dict:
     return explore.read_data_file(site / "data" / "index.js")
 
 
-def _session(site: Path, kind: str, system_id: int) -> dict:
-    return explore.read_data_file(site / explore.session_file(kind, system_id))
+def _session(site: Path, kind: str, system_id: int | str, benchmark: str = "sysbench") -> dict:
+    """A session's data file by its id (with its scope, e.g. ``refinement-1``) and benchmark."""
+    return explore.read_data_file(site / explore.session_file(kind, f"{benchmark}-{system_id}"))
 
 
 # ---------------------------------------------------------------- data
@@ -102,8 +108,8 @@ def _session(site: Path, kind: str, system_id: int) -> dict:
 def test_index_lists_every_session_under_its_system_id(fixture_runs, dataset):
     site = fixture_runs["site"]
     index = _index(site)
-    assert set(index["sessions"]) == {str(s.system_id) for s in dataset.sessions}
-    assert index["order"] == sorted(s.system_id for s in dataset.sessions)
+    assert set(index["sessions"]) == {f"sysbench-{s.system_id}" for s in dataset.sessions}
+    assert index["order"] == [f"sysbench-{i}" for i in sorted(s.system_id for s in dataset.sessions)]
     gpt4o, small = index["runs"]
     assert (gpt4o["label"], gpt4o["status"]) == ("gpt4o", "complete")
     assert round(100 * gpt4o["metrics"]["csr"], 1) == 87.1 and round(100 * gpt4o["metrics"]["ssr"], 1) == 54.4
@@ -113,17 +119,17 @@ def test_index_lists_every_session_under_its_system_id(fixture_runs, dataset):
     assert small["status"] == "partial" and "session 2, turn 5" in small["note"]
     assert small["metrics"]["n_turns"] == 9 and small["judge_model"] == "stub-judge"
 
-    row = index["sessions"]["1"]
+    row = index["sessions"]["sysbench-1"]
     session = dataset.by_id()[1]
     assert row["id"] == 1 and row["group"] == session.group and row["domain"] == session.domain
     assert row["alignment"] == "".join("M" if t.alignment == "misaligned" else "A" for t in session.turns)
     assert row["attention"] == ["system", "control"]
     assert row["runs"][1] == {"judged": 5, "passed": 4, "generated": 5, "first_fail": 2, "leading": 1,
                               "failed_types": [session.turn(2).constraints[0].type]}
-    assert index["sessions"]["2"]["runs"][1]["judged"] == 4
-    assert index["sessions"]["3"]["runs"][1] is None and index["sessions"]["3"]["attention"] == []
+    assert index["sessions"]["sysbench-2"]["runs"][1]["judged"] == 4
+    assert index["sessions"]["sysbench-3"]["runs"][1] is None and index["sessions"]["sysbench-3"]["attention"] == []
     assert fixture_runs["summary"]["n_sessions_with_attention"] == 2
-    assert not (site / "data" / "attention" / "3.js").exists()
+    assert not (site / "data" / "attention" / "sysbench-3.js").exists()
 
 
 def test_session_file_has_texts_replies_and_verdicts_of_each_run(fixture_runs, dataset):
@@ -152,9 +158,9 @@ def test_session_file_has_texts_replies_and_verdicts_of_each_run(fixture_runs, d
 def test_attention_tokens_decode_and_values_match_the_stored_shares(fixture_runs, smollm2_path):
     from transformers import AutoTokenizer
 
-    from sysbench_gpu.attention import load_session, session_path
-    from sysbench_gpu.attn_analysis import token_series, turn_shares
-    from sysbench_gpu.explore_attention import dequantize, utf16_length
+    from sysbench_gpu.attention.analysis import token_series, turn_shares
+    from sysbench_gpu.attention.store import load_session, session_path
+    from sysbench_gpu.explore.attention import dequantize, utf16_length
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
     data = _session(fixture_runs["site"], "attention", 1)
@@ -179,7 +185,7 @@ def test_attention_tokens_decode_and_values_match_the_stored_shares(fixture_runs
             assert np.allclose([m["reply_excl"] for m in means], [r.reply_share_excl_lead for r in rows], atol=1e-5)
         assert arm["system"] == stored["system"].tolist() and arm["turns"] == stored["turns"].tolist()
     # The system span holds the system text: as the system message, and inside the first user message in the control.
-    system_prompt = RunDir(fixture_runs["small"]).load_sessions()[0].system_prompt
+    system_prompt = load_run_sessions(RunDir(fixture_runs["small"]))[0].system_prompt
     for arm_name, role in (("system", "system"), ("control", "user")):
         arm = entry["arms"][arm_name]
         offsets = np.concatenate([[0], np.cumsum(arm["lengths"])])
@@ -189,7 +195,7 @@ def test_attention_tokens_decode_and_values_match_the_stored_shares(fixture_runs
 
 
 def test_token_pieces_keep_multibyte_characters_whole(smollm2_path):
-    from sysbench_gpu.explore_attention import TokenText
+    from sysbench_gpu.explore.attention import TokenText
 
     text = TokenText(smollm2_path)
     sample = "<|im_start|>system\n武汉美食 😀 café  two  spaces\n\n<|im_end|>"
@@ -226,7 +232,7 @@ def test_cli_rebuild_removes_stale_sessions_and_refuses_foreign_folders(fixture_
     assert main(["explore", str(fixture_runs["small"]), "--out", str(site), "--resamples", "50"]) == 0
     printed = capsys.readouterr().out
     assert "1 run(s), 2 sessions (0 with attention)" in printed
-    assert sorted(p.name for p in (site / "data" / "sessions").iterdir()) == ["1.js", "2.js"]
+    assert sorted(p.name for p in (site / "data" / "sessions").iterdir()) == ["sysbench-1.js", "sysbench-2.js"]
     assert list((site / "data" / "attention").iterdir()) == []
     manifest = json.loads((site / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["runs"][0]["status"] == "partial" and manifest["metrics"]["resamples"] == 50
@@ -257,13 +263,13 @@ def test_unjudged_run_is_shown_not_fatal(tmp_path, dataset):
     run = RunDir(tmp_path / "fresh")
     sessions = dataset.select(limit=1)
     run.update_manifest(stage="generate", model="m")
-    run.write_sessions(sessions, dataset)
+    save_run_sessions(run, sessions, dataset)
     run.generations.append([GenerationRecord(system_id=sessions[0].system_id, turn=1, user="u", response="r")])
     explore.build_site([run.path], tmp_path / "site", resamples=20, progress=False)
     index = _index(tmp_path / "site")
     (summary,) = index["runs"]
     assert summary["status"] in ("partial", "unscored") and summary["note"]
-    assert index["sessions"][str(sessions[0].system_id)]["runs"][0]["judged"] == 0
+    assert index["sessions"][f"sysbench-{sessions[0].system_id}"]["runs"][0]["judged"] == 0
 
 
 def test_report_links_an_explorer_built_beside_it(fixture_runs, tmp_path):
@@ -278,6 +284,112 @@ def test_report_links_an_explorer_built_beside_it(fixture_runs, tmp_path):
     assert "Explorer: [../explore/index.html](../explore/index.html)" in text
     assert (report_dir / "../explore/index.html").resolve().is_file()
     assert json.loads((report_dir / "report.json").read_text(encoding="utf-8"))["explorer"] == "../explore/index.html"
+
+
+# ---------------------------------------------------------------- MT-Eval beside SysBench
+
+
+def _marked_score(session, turn: int) -> str:
+    """A refinement reply the marker judge scores 2..10 by its turn: turn t gets (t % 9) + 2."""
+    return f"A reply. SCORE{turn % 9 + 2}"
+
+
+@pytest.fixture(scope="module")
+def mixed_site(tmp_path_factory, dataset, mteval_data_dir):
+    """The small SysBench run beside two MT-Eval runs whose dialogue ids (1, 17, 21; 1, 2) meet session 1."""
+    root = tmp_path_factory.mktemp("explore-mixed")
+    small = make_small_run(root / "smol", dataset, [short(s) for s in dataset.select(limit=2)])
+    recollection = make_mteval_run(root / "gi", mteval_data_dir / "recollection_multi_global-inst.jsonl",
+                                   [1, 17, 21], _global_inst_reply, model="toy")
+    judge_run(recollection, None, None, show_progress=False)  # rules: 10 or 0, no judge
+    refinement = make_mteval_run(root / "ref", mteval_data_dir / "refinement_multi.jsonl", [1, 2], _marked_score,
+                                 model="toy")
+    judge_with_markers(refinement)
+    site = root / "site"
+    explore.build_site([small, recollection.path, refinement.path], site, resamples=50, progress=False)
+    return {"site": site, "gi": recollection, "ref": refinement}
+
+
+def test_mteval_run_shows_its_scores_per_task_and_turn(mixed_site):
+    site = mixed_site["site"]
+    index = _index(site)
+    smol, gi, ref = index["runs"]
+    assert [r["benchmark"] for r in index["runs"]] == ["sysbench", "mteval", "mteval"]
+    assert gi["status"] == "complete" and ref["status"] == "complete"
+    assert gi["metrics"]["tasks"]["recollection-global-inst"]["score"] == pytest.approx(190 / 30)
+    cells = {cell["label"]: cell for cell in gi["cells"]}
+    assert cells["Overall"]["value"] == pytest.approx(190 / 30) and cells["Overall"]["kind"] == "score"
+    assert cells["recollection-global-inst"]["detail"].startswith("by turn: 10 · 10 · 10 · 6.7 · 6.7 · 6.7 · 3.3")
+    assert "recollection (category)" not in cells  # its one task here
+    assert "CSR" not in cells and "CSR" in {cell["label"] for cell in smol["cells"]}
+    assert index["benchmarks"]["mteval"]["outcome"] == "score" and index["benchmarks"]["mteval"]["unit"] == "dialogue"
+    assert index["benchmarks"]["sysbench"]["outcome"] == "checklist"
+
+    # Dialogue 1 follows the instruction on 3 of its 10 answered turns, dialogue 17 on all of them.
+    row = index["sessions"]["mteval-recollection-global-inst-1"]
+    assert row["task"] == "recollection-global-inst" and row["category"] == "recollection" and row["n_answered"] == 10
+    summary = row["runs"][1]
+    assert summary["judged"] == 10 and summary["generated"] == 10
+    assert summary["scores"] == [10.0] * 3 + [0.0] * 7 and summary["score"] == 3.0 and summary["lowest"] == 0.0
+    assert index["sessions"]["mteval-recollection-global-inst-17"]["runs"][1]["score"] == 10.0
+    assert index["sessions"]["mteval-refinement-2"]["runs"][2]["judged"] > 0
+
+    # Each answered turn's record carries the score judgments.jsonl holds, and who gave it.
+    runs = ((mixed_site["gi"], "recollection-global-inst-1", 1), (mixed_site["ref"], "refinement-1", 2))
+    for run, key, position in runs:
+        detail = _session(site, "sessions", key, "mteval")
+        stored = run.judgments.read()
+        answered = [turn for turn in detail["turns"] if turn.get("answered", True)]
+        assert len(answered) == len([k for k in stored if k[0] == 1]) > 0
+        for turn in answered:
+            judgment = turn["runs"][position]["judgment"]
+            record = stored[(1, turn["turn"])]
+            assert judgment["score"] == record.score and judgment["scale"] == 10.0
+            assert judgment["reasoning"] == record.reasoning and "verdicts" not in judgment
+        for turn in detail["turns"]:
+            if turn.get("answered", True) is False:
+                assert turn["runs"][position]["judgment"] is None and turn["context"][0]["label"] == "Context turn"
+    gi_turn = _session(site, "sessions", "recollection-global-inst-1", "mteval")["turns"][1]
+    assert gi_turn["runs"][1]["judgment"]["scorer"].startswith("rule ifeval")
+    assert gi_turn["context"][0]["label"] == "Instruction of every answered turn"
+    ref_turn = next(t for t in _session(site, "sessions", "refinement-1", "mteval")["turns"] if t.get("answered", True))
+    assert ref_turn["runs"][2]["judgment"]["scorer"] == "judge" and ref_turn["runs"][2]["judgment"]["score"] >= 2
+    assert ref_turn["runs"][2]["judgment"]["reasoning_title"] == "Judge's rationale"
+    assert ref_turn["context"][0]["label"] == "Judged against"
+
+
+def test_sysbench_session_and_mteval_dialogue_with_one_id_stay_apart(mixed_site, dataset):
+    site = mixed_site["site"]
+    index = _index(site)
+    assert index["order"] == ["sysbench-1", "sysbench-2", "mteval-recollection-global-inst-1",
+                              "mteval-recollection-global-inst-17", "mteval-recollection-global-inst-21",
+                              "mteval-refinement-1", "mteval-refinement-2"]
+    assert sorted(p.name for p in (site / "data" / "sessions").iterdir()) == sorted(f"{k}.js" for k in index["order"])
+    session, dialogue, other = (index["sessions"][k] for k in ("sysbench-1", "mteval-recollection-global-inst-1",
+                                                                "mteval-refinement-1"))
+    assert (session["id"], dialogue["id"], other["id"]) == (1, 1, 1)
+    assert [r is not None for r in session["runs"]] == [True, False, False]
+    assert [r is not None for r in dialogue["runs"]] == [False, True, False]
+    assert [r is not None for r in other["runs"]] == [False, False, True]
+    # SysBench shows as it does alone: verdicts per constraint, pass or fail, failed types, first failing turn.
+    assert session["runs"][0] == {"judged": 5, "passed": 4, "generated": 5, "first_fail": 2, "leading": 1,
+                                  "failed_types": [dataset.by_id()[1].turn(2).constraints[0].type]}
+    assert session["domain"] == dataset.by_id()[1].domain and "task" not in session
+    sysbench_page = _session(site, "sessions", 1)
+    assert sysbench_page["benchmark"] == "sysbench" and sysbench_page["runs_with_other_text"] == []
+    assert sysbench_page["turns"][1]["runs"][0]["judgment"]["verdicts"][0] == {"id": "1", "value": "no"}
+    assert "score" not in sysbench_page["turns"][1]["runs"][0]["judgment"]
+    assert [r is None for r in sysbench_page["turns"][0]["runs"]] == [False, True, True]
+    mteval_page = _session(site, "sessions", "recollection-global-inst-1", "mteval")
+    assert mteval_page["benchmark"] == "mteval" and mteval_page["system"] != sysbench_page["system"]
+    assert [r is None for r in mteval_page["turns"][1]["runs"]] == [True, False, True]
+
+
+def test_explore_never_asks_a_benchmark_its_name():
+    pattern = re.compile(r"""["'](sysbench|mteval)["']""")
+    folder = Path(explore.__file__).resolve().parent
+    for path in [*folder.glob("*.py"), *(folder / "assets").glob("*")]:
+        assert not pattern.search(path.read_text(encoding="utf-8")), path.name
 
 
 # ---------------------------------------------------------------- a real browser
@@ -441,7 +553,7 @@ def _console_errors(driver) -> list[str]:
 def _check_tokens(driver, arms: dict, name: str) -> None:
     from selenium.webdriver.common.by import By
 
-    from sysbench_gpu.explore_attention import dequantize
+    from sysbench_gpu.explore.attention import dequantize
 
     arm = arms[name]
     view = driver.find_element(By.ID, "attn-view")
@@ -473,3 +585,46 @@ def _check_tokens(driver, arms: dict, name: str) -> None:
     for side in driver.find_elements(By.CSS_SELECTOR, "#attn-view .attn-side[data-turn]"):
         turn = int(side.get_attribute("data-turn"))
         assert side.find_element(By.CSS_SELECTOR, ".mean").text == f"reply mean {means[turn]:.3f}"
+
+
+def test_browser_mteval_scores_beside_sysbench(browser, mixed_site, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    driver = browser
+    driver.get((mixed_site["site"] / "index.html").as_uri())
+    _wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#sessions tbody tr")) == 7)
+    # One run table per benchmark, each with its own headline columns.
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#runs-table tbody tr")) == 1
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#runs-table-2 tbody tr")) == 2
+    heads = [th.text for th in driver.find_elements(By.CSS_SELECTOR, "#runs-table-2 th")]
+    assert "Overall" in heads and "recollection-global-inst" in heads and "CSR" not in heads
+    assert "6.33" in driver.find_element(By.CSS_SELECTOR, "#runs-table-2 tbody tr").text
+    Select(driver.find_element(By.ID, "f-run")).select_by_visible_text("gi")
+    Select(driver.find_element(By.ID, "f-bench")).select_by_visible_text("MT-Eval")
+    Select(driver.find_element(By.ID, "f-f_task")).select_by_value("recollection-global-inst")
+    _wait(driver, lambda d: d.find_element(By.ID, "count").text.startswith("showing 3 of 7"))
+    rows = driver.find_elements(By.CSS_SELECTOR, "#sessions tbody tr")
+    assert [r.get_attribute("data-key") for r in rows] == ["mteval-recollection-global-inst-1",
+                                                           "mteval-recollection-global-inst-17",
+                                                           "mteval-recollection-global-inst-21"]
+    assert "3.00" in rows[0].text and "judged: 0" not in rows[0].text
+    assert {r.get_attribute("data-outcome") for r in rows} == {"scored"}
+    _screenshot(driver, tmp_path, "explore-mixed-index")
+    rows[0].find_element(By.CSS_SELECTOR, "a.session-link").click()
+
+    _wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "article.turn")) == 11)
+    assert driver.find_element(By.ID, "title").text == "Dialogue 1"
+    assert "A context turn" in driver.find_element(By.ID, "turn-1").text
+    badges = [b.text for b in driver.find_elements(By.CSS_SELECTOR, "#turns .card .badge")]
+    assert badges == ["score 10 / 10"] * 3 + ["score 0 / 10"] * 7
+    assert "rule ifeval" in driver.find_element(By.ID, "turn-2").text
+    assert driver.find_elements(By.CSS_SELECTOR, "#turns table.verdicts") == []
+    _screenshot(driver, tmp_path, "explore-mixed-dialogue", "turns")
+    # Session 1 of SysBench is its own page, with its verdicts.
+    driver.get((mixed_site["site"] / "session.html").as_uri() + "#id=sysbench-1")
+    _wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "article.turn")) == 5)
+    assert driver.find_element(By.ID, "title").text == "Session 1"
+    chips = driver.find_elements(By.CSS_SELECTOR, "#turn-2 table.verdicts tbody tr:first-child .verdict")
+    assert [chip.text for chip in chips] == ["no"]
+    assert _console_errors(driver) == []

@@ -8,14 +8,16 @@ from pathlib import Path
 import pytest
 from fake_engine import FakeEngine, Interrupted
 
-from sysbench_gpu.ablations import DISTRACTORS_FILE, Exchange, read_distractors
-from sysbench_gpu.batch_infer import SYSTEM_FOLD_SEPARATOR, GenerateSettings, run_generation
+from sysbench_gpu.benchmarks.base import load_dataset
 from sysbench_gpu.cli import main
-from sysbench_gpu.data import load_dataset
+from sysbench_gpu.core.ablation_files import DISTRACTORS_FILE, Exchange, read_distractors
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.locks import stage_lock
+from sysbench_gpu.core.messages import SYSTEM_FOLD_SEPARATOR
+from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.engines.base import SamplingSpec
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.locks import stage_lock
-from sysbench_gpu.runstore import RunDir
+from sysbench_gpu.generation.scheduler import run_generation
+from sysbench_gpu.generation.settings import GenerateSettings
 
 SAMPLING = SamplingSpec(max_tokens=10)
 

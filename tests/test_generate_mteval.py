@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 from fake_engine import FakeEngine, Interrupted
 
-from sysbench_gpu.batch_infer import GenerateSettings, run_generation
+from sysbench_gpu.benchmarks.base import load_dataset, load_run_sessions
+from sysbench_gpu.benchmarks.mteval.tasks import DEFAULT_SYSTEM_MESSAGE
 from sysbench_gpu.cli import main
-from sysbench_gpu.data import load_dataset
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.engines.base import SamplingSpec
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.mteval.data import DEFAULT_SYSTEM_MESSAGE
-from sysbench_gpu.runstore import RunDir
+from sysbench_gpu.generation.scheduler import run_generation
+from sysbench_gpu.generation.settings import GenerateSettings
 
 SETTINGS = GenerateSettings(model="fake-model", engine="hf", sampling=SamplingSpec(max_tokens=10))
 
@@ -87,7 +88,7 @@ def test_call_k_holds_the_kth_answered_turns_with_own_replies_and_given_context(
         "benchmark": "mteval", "task": "follow-up", "history": "model", "distractor_turns": 0,
         "distractor_seed": None, "system_message": DEFAULT_SYSTEM_MESSAGE, "n_records": 6}
     # The snapshot is MT-Eval JSON Lines and reads back equal.
-    assert run.load_sessions() == list(data.sessions)
+    assert load_run_sessions(run) == list(data.sessions)
 
 
 def test_killed_between_calls_then_rerun_gives_identical_records(tmp_path):

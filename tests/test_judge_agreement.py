@@ -6,13 +6,13 @@ import json
 import re
 
 import pytest
-
 from openai_stub import OpenAIStub, Reply
 
 from sysbench_gpu import cli
-from sysbench_gpu.agreement import cohens_kappa, compare_runs
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.runstore import RunDir
+from sysbench_gpu.benchmarks.base import load_run_sessions
+from sysbench_gpu.benchmarks.sysbench.agreement import cohens_kappa, compare_runs
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.rundir import RunDir
 
 pytest.importorskip("openai")
 
@@ -22,7 +22,7 @@ CURRENT = re.compile(r"# Current round\n<role: user>\n<content>\n(.*)\n</content
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory, shared_dir):
-    from sysbench_gpu.upstream import import_workbook
+    from sysbench_gpu.benchmarks.sysbench.upstream import import_workbook
 
     root = tmp_path_factory.mktemp("imports")
     runs = {}
@@ -53,7 +53,7 @@ class UpstreamEcho:
     def __init__(self, run: RunDir, flip: bool) -> None:
         gens, judg = run.generations.read(), run.judgments.read()
         self.by_answer = {(g.user, g.response): judg[k] for k, g in gens.items()}
-        self.sessions = {s.system_id: s for s in run.load_sessions()}
+        self.sessions = {s.system_id: s for s in load_run_sessions(run)}
         self.flip = flip
 
     def __call__(self, body: dict, number: int) -> Reply:
@@ -98,7 +98,7 @@ def test_rejudged_copy_agrees_with_its_source(imported, tmp_path, capsys, monkey
     with OpenAIStub(UpstreamEcho(source, flip=True)) as stub:
         assert _rejudge(source.path, tmp_path / "flipped", stub) == 0
     report = compare_runs(source.path, tmp_path / "flipped")
-    sessions = {s.system_id: s for s in RunDir(tmp_path / "flipped").load_sessions()}
+    sessions = {s.system_id: s for s in load_run_sessions(RunDir(tmp_path / "flipped"))}
     judged = source.judgments.read()
     values = [
         (judged[(sid, t.index)].verdicts.get(str(c.id)).value if judged[(sid, t.index)].verdicts.get(str(c.id)) else "other")
@@ -118,6 +118,6 @@ def test_rejudged_copy_agrees_with_its_source(imported, tmp_path, capsys, monkey
 def test_rejudge_refuses_a_foreign_out_dir(imported, tmp_path):
     other = RunDir(imported["qwen2_72b"])
     with pytest.raises(SysbenchError, match="other generations"):
-        from sysbench_gpu.judge_rejudge import prepare_rejudge
+        from sysbench_gpu.judging.rejudge import prepare_rejudge
 
         prepare_rejudge(other, imported["gpt4o"], None)

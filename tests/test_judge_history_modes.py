@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from test_judge_support import good_reply, make_run, marker
 
+from sysbench_gpu.benchmarks.sysbench.judge_plan import generated_history_mode
+from sysbench_gpu.benchmarks.sysbench.judge_prompt import load_template
 from sysbench_gpu.engines.base import Completion
-from sysbench_gpu.judge import JudgeSettings, judge_run
-from sysbench_gpu.judge_plan import generated_history_mode
-from sysbench_gpu.judge_prompt import load_template
+from sysbench_gpu.judging.rounds import JudgeSettings
+from sysbench_gpu.judging.stage import judge_run
 
 
 class PromptRecorder:

@@ -10,15 +10,16 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_judge_support import good_reply, make_run, marker
 
 from sysbench_gpu import cli
+from sysbench_gpu.benchmarks.base import load_run_sessions
+from sysbench_gpu.benchmarks.sysbench.judge_parse import parse_reply
+from sysbench_gpu.benchmarks.sysbench.judge_prompt import load_template
+from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.engines.base import Completion
-from sysbench_gpu.judge import JudgeSettings, judge_run
-from sysbench_gpu.judge_parse import parse_reply
-from sysbench_gpu.judge_prompt import load_template
-from sysbench_gpu.runstore import RunDir
+from sysbench_gpu.judging.rounds import JudgeSettings
+from sysbench_gpu.judging.stage import judge_run
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHORT_SESSION = 289  # the smallest judge prompts of the gpt4o workbook (about 550-730 SmolLM2 tokens)
@@ -137,7 +138,7 @@ def test_vllm_backend_groups_by_schema_and_records_overlong(tmp_path, dataset):
 
 @pytest.fixture(scope="module")
 def imported_gpt4o(tmp_path_factory, shared_dir):
-    from sysbench_gpu.upstream import import_workbook
+    from sysbench_gpu.benchmarks.sysbench.upstream import import_workbook
 
     out = tmp_path_factory.mktemp("imported") / "gpt4o"
     import_workbook(shared_dir / "upstream-results" / "gpt4o" / "gpt4o_analysis.xlsx", out)
@@ -147,7 +148,7 @@ def imported_gpt4o(tmp_path_factory, shared_dir):
 def _check_honest(run: RunDir, expected_turns: int) -> dict:
     records = run.judgments.read()
     assert len(records) == expected_turns
-    sessions = {s.system_id: s for s in run.load_sessions()}
+    sessions = {s.system_id: s for s in load_run_sessions(run)}
     for (sid, turn), record in records.items():
         assert record.parse_status in ("ok", "unparsed")
         reparsed = parse_reply(record.raw_reply, sessions[sid].turn(turn).constraints)
@@ -171,7 +172,7 @@ def test_hf_smollm2_rejudges_an_imported_run(tmp_path, imported_gpt4o, smollm2_p
     ]  # fmt: skip
     assert cli.main(argv) == 0
     run = RunDir(out)
-    assert [s.system_id for s in run.load_sessions()] == [SHORT_SESSION]
+    assert [s.system_id for s in load_run_sessions(run)] == [SHORT_SESSION]
     records = _check_honest(run, 5)
     ledger = json.loads((out / "judge_ledger.json").read_text())["models"]["smollm2"]
     assert ledger["requests"] == sum(r.attempts for r in records.values())

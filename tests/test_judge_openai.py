@@ -8,15 +8,16 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
-
 from openai_stub import OpenAIStub, Reply
 from test_judge_support import good_reply, make_run, marker
 
 from sysbench_gpu import cli
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.judge import LEDGER, JudgeSettings, judge_run
-from sysbench_gpu.judge_prompt import load_template
-from sysbench_gpu.runstore import RunDir
+from sysbench_gpu.benchmarks.sysbench.judge_prompt import load_template
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.rundir import RunDir
+from sysbench_gpu.judging.ledger import LEDGER
+from sysbench_gpu.judging.rounds import JudgeSettings
+from sysbench_gpu.judging.stage import judge_run
 
 pytest.importorskip("openai")
 
@@ -187,7 +188,7 @@ def test_faults_end_to_end_resume_and_cache(tmp_path, dataset):
         assert after == before
 
     # The metrics stage counts unparsed and skipped turns and refuses each unless told to exclude it.
-    from sysbench_gpu import metrics
+    from sysbench_gpu.reporting import metrics
 
     with pytest.raises(SysbenchError, match="unparsed"):
         metrics.run_metrics(run.path, exclude_skipped=True)

@@ -9,9 +9,10 @@ import json
 
 import pytest
 
-from sysbench_gpu import judge_parse
-from sysbench_gpu.data import Constraint
-from sysbench_gpu.judge_parse import balanced_objects, parse_reply, repair
+from sysbench_gpu.benchmarks.judge_text import balanced_objects, repair
+from sysbench_gpu.benchmarks.sysbench import judge_parse
+from sysbench_gpu.benchmarks.sysbench.judge_parse import parse_reply
+from sysbench_gpu.core.sessions import Constraint
 
 C3 = (
     Constraint(1, "a", "content", "内容约束"),
@@ -151,7 +152,7 @@ def test_value_mapping(raw, value):
 
 
 def test_import_normalization_is_unchanged_by_the_live_vocabulary():
-    from sysbench_gpu.verdicts import live_verdict, normalize_verdict
+    from sysbench_gpu.core.verdicts import live_verdict, normalize_verdict
 
     # Workbooks keep their values as the paper's numbers were made: anything but 是/否 is other.
     assert [normalize_verdict(v) for v in ("是", "否", "部分是", "不是", "maybe")] == ["yes", "no", "other", "other", "other"]

@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from sysbench_gpu.data import Constraint, Session, Turn
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.judge import build_history, plan_judging, temperature_for
-from sysbench_gpu.judge_cache import CachedReply, JudgeCache, cache_key
-from sysbench_gpu.judge_prompt import (
-    HistoryMessage,
-    load_template,
-    render_prompt,
-    substitute,
-    template_hash,
-    verdict_schema,
-)
-from sysbench_gpu.runstore import GenerationRecord
+from sysbench_gpu.benchmarks.judge_text import HistoryMessage, substitute, template_hash
+from sysbench_gpu.benchmarks.sysbench.judge_plan import build_history, plan_judging
+from sysbench_gpu.benchmarks.sysbench.judge_prompt import load_template, render_prompt, verdict_schema
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.records import GenerationRecord
+from sysbench_gpu.core.sessions import Constraint, Session, Turn
+from sysbench_gpu.judging.cache import CachedReply, JudgeCache, cache_key
+from sysbench_gpu.judging.rounds import temperature_for
 
 
 def _session() -> Session:

@@ -7,8 +7,10 @@ import re
 from pathlib import Path
 from typing import Callable, Iterable
 
-from sysbench_gpu.data import Dataset, Session
-from sysbench_gpu.runstore import GenerationRecord, RunDir
+from sysbench_gpu.benchmarks.base import save_run_sessions
+from sysbench_gpu.core.records import GenerationRecord
+from sysbench_gpu.core.rundir import RunDir
+from sysbench_gpu.core.sessions import Dataset, Session
 
 MARK = re.compile(r"ANSWER (\w+) s(\d+) t(\d+)")
 
@@ -28,7 +30,7 @@ def make_run(
     run = RunDir(path)
     path.mkdir(parents=True, exist_ok=True)
     run.update_manifest(label=path.name, model="fake-model")
-    run.write_sessions(sessions, dataset)
+    save_run_sessions(run, sessions, dataset)
     records = []
     for session in sessions:
         for turn in session.turns:

@@ -12,11 +12,15 @@ import numpy as np
 import pytest
 
 from sysbench_gpu import cli
-from sysbench_gpu.data import CONSTRAINT_TYPES, Constraint, Session, Turn
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.metrics import compare_runs, compute_metrics, run_metrics
-from sysbench_gpu.runstore import GenerationRecord, JudgmentRecord, RunDir, Verdict
-from sysbench_gpu.verdicts import normalize_verdict
+from sysbench_gpu.benchmarks.base import save_run_sessions
+from sysbench_gpu.benchmarks.runs import compare_runs, run_metrics
+from sysbench_gpu.benchmarks.sysbench.data import CONSTRAINT_TYPES
+from sysbench_gpu.benchmarks.sysbench.metrics import compute_metrics
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.records import GenerationRecord, JudgmentRecord, Verdict
+from sysbench_gpu.core.rundir import RunDir
+from sysbench_gpu.core.sessions import Constraint, Session, Turn
+from sysbench_gpu.core.verdicts import normalize_verdict
 
 RAW_TYPE = {english: chinese for chinese, english in CONSTRAINT_TYPES.items()}
 
@@ -185,7 +189,7 @@ def write_run(path: Path, spec=TINY, label: str = "tiny") -> Path:
     run = RunDir(path)
     sessions = make_sessions(spec)
     run.update_manifest(label=label, model="hand-built")
-    run.write_sessions(sessions)
+    save_run_sessions(run, sessions)
     run.generations.append(
         GenerationRecord(system_id=s.system_id, turn=t.index, user=t.user, response="ok", model="hand-built")
         for s in sessions for t in s.turns

@@ -11,8 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.models import check_model_dir, check_safetensors_file, resolve_model
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.engines.models import (
+    check_model_dir,
+    check_safetensors_file,
+    resolve_model,
+)
 
 
 def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int], bytes]], extra: bytes = b"") -> None:
@@ -151,7 +155,7 @@ def _convert_and_load(cache: str, marker_dir: str) -> tuple[str, int]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from sysbench_gpu import models
+    from sysbench_gpu.engines import models
 
     torch.set_num_threads(1)
     convert = models.convert_gguf

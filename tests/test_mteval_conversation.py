@@ -6,9 +6,14 @@ import json
 
 import pytest
 
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.mteval.conversation import conversation_for_answered_turn, engine_calls, history_for_turn
-from sysbench_gpu.mteval.data import DEFAULT_SYSTEM_MESSAGE, parse_dialogues
+from sysbench_gpu.benchmarks.mteval.conversation import (
+    conversation_for_answered_turn,
+    engine_calls,
+    history_for_turn,
+)
+from sysbench_gpu.benchmarks.mteval.data import parse_dialogues
+from sysbench_gpu.benchmarks.mteval.tasks import DEFAULT_SYSTEM_MESSAGE
+from sysbench_gpu.core.errors import SysbenchError
 
 # context, answered, context, answered: the shape of follow-up and of the irrelevant-context ablation
 DIALOGUE = {
@@ -97,7 +102,7 @@ def test_follow_up_limit_two_is_six_requests_in_three_calls() -> None:
     path = Path(__file__).resolve().parent.parent.parent / "shared" / "mteval" / "data" / "follow-up_multi.jsonl"
     if not path.is_file():
         pytest.skip("shared MT-Eval data not found")
-    from sysbench_gpu.data import load_dataset
+    from sysbench_gpu.benchmarks.base import load_dataset
 
     sessions = load_dataset(path).select(limit=2)
     calls = engine_calls(sessions, "model")
@@ -106,7 +111,7 @@ def test_follow_up_limit_two_is_six_requests_in_three_calls() -> None:
 
 
 def test_generate_plan_follows_the_same_calls_and_messages() -> None:
-    from sysbench_gpu.generation_plan import GenerationPlan
+    from sysbench_gpu.generation.plan import GenerationPlan
 
     short = {"id": "e", "conv": [{"user": "X", "sys": "Y", "id": "x", "do_inference": True}]}
     sessions = parse_dialogues(json.dumps(DIALOGUE) + "\n" + json.dumps(short), task="follow-up")

@@ -10,16 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from sysbench_gpu.data import NO_ALIGNMENT, detect_format, load_dataset
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.mteval.data import (
-    DEFAULT_SYSTEM_MESSAGE,
-    answered_ordinal,
-    dialogue_to_json,
-    mteval_stats,
-    parse_dialogues,
-    task_from_name,
-)
+from sysbench_gpu.benchmarks.base import REGISTRY, load_dataset
+from sysbench_gpu.benchmarks.mteval.data import answered_ordinal, dialogue_to_json, mteval_stats, parse_dialogues
+from sysbench_gpu.benchmarks.mteval.tasks import DEFAULT_SYSTEM_MESSAGE, task_from_name
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.sessions import NO_ALIGNMENT
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MTEVAL_DIR = Path(os.environ.get("MTEVAL_SHARED", REPO_ROOT.parent / "shared" / "mteval")) / "data"
@@ -53,6 +48,11 @@ def _shared(name: str) -> Path:
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sysbench_gpu", *args], capture_output=True, text=True,
                           timeout=120, env={**os.environ, **(env or {})})
+
+
+def detect_format(text: str) -> str:
+    """The name of the benchmark whose format ``text`` is (the registry's content detection)."""
+    return REGISTRY.detect(text, Path("<text>")).name
 
 
 def test_every_shared_file_is_listed() -> None:

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.mteval.data import parse_dialogues
-from sysbench_gpu.mteval.judge_prompt import (
+from sysbench_gpu.benchmarks.mteval.data import parse_dialogues
+from sysbench_gpu.benchmarks.mteval.judge_prompt import (
     dialogue_document,
     follow_up_conversation,
     judge_kind,
@@ -20,6 +19,7 @@ from sysbench_gpu.mteval.judge_prompt import (
     score_schema,
     turn_constraints,
 )
+from sysbench_gpu.core.errors import SysbenchError
 
 DOC = "Once there was a chef.\n\nShe cooked soup."
 REFINEMENT = {

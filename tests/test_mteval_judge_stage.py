@@ -9,20 +9,26 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
-
 from mteval_runs import make_mteval_run, marked
 from openai_stub import OpenAIStub, Reply
 from test_judge_support import make_run, marker
 
 from sysbench_gpu import cli
+from sysbench_gpu.benchmarks.base import load_run_sessions
+from sysbench_gpu.benchmarks.mteval.judge_prompt import (
+    load_score_template,
+    score_schema,
+)
+from sysbench_gpu.benchmarks.mteval.tasks import SCORERS
+from sysbench_gpu.benchmarks.sysbench.judge_prompt import load_template
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.records import SCORERS as STORED_SCORERS
+from sysbench_gpu.core.records import JudgmentRecord
+from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.engines.base import Completion
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.judge import LEDGER, JudgeSettings, judge_run
-from sysbench_gpu.judge_prompt import load_template
-from sysbench_gpu.mteval.data import SCORERS
-from sysbench_gpu.mteval.judge_prompt import load_score_template, score_schema
-from sysbench_gpu.runstore import SCORERS as STORED_SCORERS
-from sysbench_gpu.runstore import JudgmentRecord, RunDir
+from sysbench_gpu.judging.ledger import LEDGER
+from sysbench_gpu.judging.rounds import JudgeSettings
+from sysbench_gpu.judging.stage import judge_run
 
 GLOBAL_INST = "recollection_multi_global-inst.jsonl"
 CLS = "recollection_multi_cls.jsonl"
@@ -238,7 +244,7 @@ def test_cli_judges_and_refuses_a_second_judge(tmp_path, mteval_data_dir, capsys
         assert cli.main(other + ["--rejudge", "--out", str(out)]) == 0
         capsys.readouterr()
     copy = RunDir(out)
-    assert [s.system_id for s in copy.load_sessions()] == [3] and copy.load_sessions()[0].task == "follow-up"
+    assert [s.system_id for s in load_run_sessions(copy)] == [3] and load_run_sessions(copy)[0].task == "follow-up"
     assert (out / "sessions.json").read_text().startswith("{")  # MT-Eval JSON Lines, not a SysBench array
     assert {r.judge_model for r in copy.judgments.read().values()} == {"gpt-4.1"}
 

@@ -7,10 +7,17 @@ import json
 
 import pytest
 
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.mteval.data import parse_dialogues
-from sysbench_gpu.mteval.metrics import build_turn_scores, compare_mteval, mteval_metrics
-from sysbench_gpu.mteval.tables import leaderboard_markdown, side_by_side_markdown
+from sysbench_gpu.benchmarks.mteval.data import parse_dialogues
+from sysbench_gpu.benchmarks.mteval.metrics import (
+    build_turn_scores,
+    compare_mteval,
+    mteval_metrics,
+)
+from sysbench_gpu.benchmarks.mteval.tables import (
+    leaderboard_markdown,
+    side_by_side_markdown,
+)
+from sysbench_gpu.core.errors import SysbenchError
 
 
 def _dialogue(did: str, answered: int, context: int = 0, **extra) -> dict:

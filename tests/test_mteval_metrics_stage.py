@@ -8,16 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from mteval_runs import make_mteval_run
 from test_judge_support import make_run
 from test_mteval_judge_stage import _global_inst_reply
 
 from sysbench_gpu import cli
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.judge import judge_run
-from sysbench_gpu.metrics import compare_runs, run_metrics
-from sysbench_gpu.runstore import JudgmentRecord
+from sysbench_gpu.benchmarks.runs import compare_runs, run_metrics
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.records import JudgmentRecord
+from sysbench_gpu.judging.stage import judge_run
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GLOBAL_INST = "recollection_multi_global-inst.jsonl"

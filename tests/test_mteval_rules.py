@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.mteval.data import parse_dialogues
-from sysbench_gpu.mteval.rules import (
+from sysbench_gpu.benchmarks.mteval.data import parse_dialogues
+from sysbench_gpu.benchmarks.mteval.rules import (
     INSTRUCTION_NAMES,
     check_instruction,
     check_instruction_args,
@@ -19,6 +18,7 @@ from sysbench_gpu.mteval.rules import (
     rule_score,
     score_cls,
 )
+from sysbench_gpu.core.errors import SysbenchError
 
 
 def test_word_and_sentence_counts() -> None:
@@ -143,7 +143,7 @@ def test_rule_score_on_dialogues() -> None:
 def test_every_gold_label_of_the_shared_cls_files_matches_itself() -> None:
     from pathlib import Path
 
-    from sysbench_gpu.data import load_dataset
+    from sysbench_gpu.benchmarks.base import load_dataset
 
     folder = Path(__file__).resolve().parent.parent.parent / "shared" / "mteval" / "data"
     files = sorted(folder.glob("*cls*.jsonl"))

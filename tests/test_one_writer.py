@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from openai_stub import OpenAIStub, Reply
 from test_judge_support import good_reply, make_run, marker
 
-from sysbench_gpu.judge_ledger import LEDGER
-from sysbench_gpu.runstore import RunDir
+from sysbench_gpu.core.rundir import RunDir
+from sysbench_gpu.judging.ledger import LEDGER
 
 pytest.importorskip("openai")
 

@@ -10,11 +10,26 @@ import json
 
 import pytest
 
-from sysbench_gpu.device_specs import builtin_table, load_device_spec
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.profile_inputs import Request, RunCall, reference_configs
-from sysbench_gpu.profile_schedule import Hardware, call_bound, client_threads, makespan, turn_synchronous, what_ifs
-from sysbench_gpu.roofline import Layout, ModelShape, SequenceTokens, dtype_bytes, segment_bound, sequence_work
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.profiling.bounds import segment_bound
+from sysbench_gpu.profiling.device_specs import builtin_table, load_device_spec
+from sysbench_gpu.profiling.inputs import Request, RunCall
+from sysbench_gpu.profiling.model_config import reference_configs
+from sysbench_gpu.profiling.roofline import (
+    Layout,
+    ModelShape,
+    SequenceTokens,
+    dtype_bytes,
+    sequence_work,
+)
+from sysbench_gpu.profiling.schedule import (
+    Hardware,
+    call_bound,
+    client_threads,
+    makespan,
+    turn_synchronous,
+    what_ifs,
+)
 
 LLAMA_31_8B = {
     "model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from sysbench_gpu.benchmarks.base import load_run_sessions
 from sysbench_gpu.cli import main
-from sysbench_gpu.runstore import JudgmentRecord, RunDir, Verdict
+from sysbench_gpu.core.records import JudgmentRecord, Verdict
+from sysbench_gpu.core.rundir import RunDir
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +127,7 @@ def test_report_has_a_profile_section(tiny_run, tmp_path, capsys):
     judged = tmp_path / "judged"
     shutil.copytree(tiny_run, judged)
     run = RunDir(judged)
-    sessions = {s.system_id: s for s in run.load_sessions()}
+    sessions = {s.system_id: s for s in load_run_sessions(run)}
     run.judgments.append(
         JudgmentRecord(
             system_id=sid, turn=turn,

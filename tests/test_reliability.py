@@ -11,18 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from openai_stub import OpenAIStub, Reply
 from test_judge_support import good_reply, make_run, marker
 
 from sysbench_gpu import cli
-from sysbench_gpu.data import parse_session_ids
+from sysbench_gpu.benchmarks.sysbench.judge_prompt import load_template
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.locks import StageBusy, StageLock, is_primary_rank, stage_lock
+from sysbench_gpu.core.records import JudgmentRecord, Verdict
+from sysbench_gpu.core.rundir import RunDir
+from sysbench_gpu.core.sessions import parse_session_ids
 from sysbench_gpu.engines.base import Completion
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.judge import JudgeSettings, judge_run
-from sysbench_gpu.judge_prompt import load_template
-from sysbench_gpu.locks import StageBusy, StageLock, is_primary_rank, stage_lock
-from sysbench_gpu.runstore import JudgmentRecord, RunDir, Verdict
+from sysbench_gpu.judging.rounds import JudgeSettings
+from sysbench_gpu.judging.stage import judge_run
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,7 +70,7 @@ def test_stage_lock_names_its_holder_and_is_taken_over_after_a_kill(tmp_path: Pa
 def test_a_lock_held_by_another_process_is_refused_until_it_dies(tmp_path: Path) -> None:
     script = (
         "import sys, time\n"
-        "from sysbench_gpu.locks import StageLock\n"
+        "from sysbench_gpu.core.locks import StageLock\n"
         f"lock = StageLock({str(tmp_path)!r}, 'generate').acquire()\n"
         "print('held', flush=True)\n"
         "time.sleep(60)\n"
@@ -310,7 +311,7 @@ def test_judge_cache_entry_of_the_wrong_type_is_one_clear_line(tmp_path, dataset
 def test_rejudge_set_up_interrupted_part_way_resumes(tmp_path, dataset, capsys, monkeypatch) -> None:
     source = make_run(tmp_path / "source", dataset, [1, 2])
     out = tmp_path / "copy"
-    from sysbench_gpu import runstore
+    from sysbench_gpu.core import rundir as runstore
 
     real_append = runstore.JsonlStore.append
 
@@ -348,7 +349,12 @@ def test_rejudge_set_up_interrupted_part_way_resumes(tmp_path, dataset, capsys, 
 
 
 def test_ledger_journal_carries_old_totals_and_counts_before_caching(tmp_path: Path) -> None:
-    from sysbench_gpu.judge_ledger import LEDGER, LEDGER_JOURNAL, JudgeLedger, PaidReply
+    from sysbench_gpu.judging.ledger import (
+        LEDGER,
+        LEDGER_JOURNAL,
+        JudgeLedger,
+        PaidReply,
+    )
 
     (tmp_path / LEDGER).write_text(json.dumps({"models": {"gpt-4o": {"requests": 7, "cache_hits": 2,
                                                                      "prompt_tokens": 700, "completion_tokens": 70}}}))
@@ -369,7 +375,7 @@ def test_ledger_journal_carries_old_totals_and_counts_before_caching(tmp_path: P
 
 
 def test_import_upstream_takes_its_lock_before_reading_anything(tmp_path: Path) -> None:
-    from sysbench_gpu.upstream import import_workbook
+    from sysbench_gpu.benchmarks.sysbench.upstream import import_workbook
 
     out = tmp_path / "runs" / "gpt4o"
     with stage_lock(out, "import-upstream", lock_file=out.parent / ".gpt4o.import.lock"):

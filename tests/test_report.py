@@ -10,9 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from sysbench_gpu import report
+from sysbench_gpu.benchmarks.base import save_run_sessions
+from sysbench_gpu.benchmarks.sysbench import report as sysbench_report
+from sysbench_gpu.benchmarks.sysbench import report_runs, report_tables
 from sysbench_gpu.cli import main
-from sysbench_gpu.runstore import GenerationRecord, JudgmentRecord, RunDir, Verdict
+from sysbench_gpu.core import tables as table_text
+from sysbench_gpu.core.records import GenerationRecord, JudgmentRecord, Verdict
+from sysbench_gpu.core.rundir import RunDir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,7 +34,7 @@ def _make_run(path: Path, dataset, sessions, label: str, failing_turns: set[int]
     """A judged run: every verdict yes, except constraint 1 is 'no' on ``failing_turns`` of every session."""
     run = RunDir(path)
     run.update_manifest(label=label, model=model)
-    run.write_sessions(sessions, dataset)
+    save_run_sessions(run, sessions, dataset)
     run.generations.append(
         GenerationRecord(system_id=s.system_id, turn=t.index, user=t.user, response="ok", model=model)
         for s in sessions
@@ -61,7 +65,7 @@ def toy_runs(tmp_path_factory, dataset):
 def _row(markdown: str, label: str) -> list[str]:
     for line in markdown.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if cells and cells[0] == report.escape_markdown(label):
+        if cells and cells[0] == table_text.escape_markdown(label):
             return cells[1:]
     raise AssertionError(f"no row {label!r} in\n{markdown}")
 
@@ -73,12 +77,12 @@ def test_tables_hold_the_right_numbers_and_bold_the_best(toy_runs):
     sessions = toy_runs["sessions"]
     n_constraints = sum(len(t.constraints) for s in sessions for t in s.turns)
     runs = [
-        report.load_run(toy_runs[name], resamples=50)
+        report_runs.load_run(toy_runs[name], resamples=50)
         for name in ("third", "perfect", "first")
     ]
     assert [r.label for r in runs] == ["fails_turn3 100% & co", "perfect", "fails_turn1"]
-    tables = {t.name: t for t in report.build_tables(runs)}
-    overall = report.render_markdown(tables["table2_overall"])
+    tables = {t.name: t for t in report_tables.build_tables(runs)}
+    overall = table_text.render_markdown(tables["table2_overall"])
     # One failing constraint per session on one turn: ISR 4/5, CSR (N - sessions) / N.
     csr = f"{100 * (n_constraints - len(sessions)) / n_constraints:.1f}"
     third = _row(overall, "fails_turn3 100% & co")
@@ -87,38 +91,38 @@ def test_tables_hold_the_right_numbers_and_bold_the_best(toy_runs):
     assert [c.split(" [")[0] for c in _row(overall, "fails_turn1")] == [csr, "80.0", "0.0"]
     assert re.search(r"\*\*100\.0\*\* \[\d+\.\d, \d+\.\d\]", overall), "CI missing from the Markdown table"
 
-    rounds = report.render_markdown(tables["table4_rounds"])
+    rounds = table_text.render_markdown(tables["table4_rounds"])
     # Dependent R1..R5, SSR, then parallel R1..R5, SSR.
     # R1 and R2 tie with the perfect run, so they are bold too.
     assert _row(rounds, "fails_turn3 100% & co") == ["**100.0**", "**100.0**", "0.0", "0.0", "0.0", "40.0"] * 2
     assert _row(rounds, "fails_turn1") == ["0.0"] * 12
     assert _row(rounds, "perfect") == ["**100.0**"] * 12
 
-    by_type = report.render_markdown(tables["table6_csr_by_type"])
+    by_type = table_text.render_markdown(tables["table6_csr_by_type"])
     assert _row(by_type, "perfect")[-1] == "**100.0**"
     assert _row(by_type, "fails_turn1")[-1] == csr
 
-    alignment = report.render_markdown(tables["table3_alignment"])
+    alignment = table_text.render_markdown(tables["table3_alignment"])
     header = alignment.splitlines()[0]
     assert "Dependent Aligned" in header and "Overall Misaligned" in header
     assert len(_row(alignment, "perfect")) == 6
 
 
 def test_bold_marks_ties_and_only_the_best():
-    table = report.Table(
+    table = table_text.Table(
         name="t", title="t", caption="c", groups=[("", ["A", "B"])],
         rows=[("x", [50.04, 10.0]), ("y", [49.96, 20.0]), ("z", [None, 5.0])],
     )
-    md = report.render_markdown(table)
+    md = table_text.render_markdown(table)
     assert _row(md, "x") == ["**50.0**", "10.0"]
     assert _row(md, "y") == ["**50.0**", "**20.0**"]  # 49.96 shows as 50.0: a tie as displayed
     assert _row(md, "z") == ["–", "5.0"]
 
 
 def test_latex_is_booktabs_escaped_and_well_formed(toy_runs):
-    runs = [report.load_run(toy_runs[name], resamples=20) for name in ("third", "perfect")]
-    for table in report.build_tables(runs):
-        tex = report.render_latex(table)
+    runs = [report_runs.load_run(toy_runs[name], resamples=20) for name in ("third", "perfect")]
+    for table in report_tables.build_tables(runs):
+        tex = table_text.render_latex(table)
         assert tex.count("\\begin{table}") == tex.count("\\end{table}") == 1
         assert tex.count("\\begin{tabular}") == tex.count("\\end{tabular}") == 1
         assert all(rule in tex for rule in ("\\toprule", "\\midrule", "\\bottomrule"))
@@ -133,7 +137,7 @@ def test_latex_is_booktabs_escaped_and_well_formed(toy_runs):
             assert line.startswith("%") or not re.search(r"(?<!\\)%", line), line
         assert "fails\\_turn3 100\\% \\& co" in tex
         assert "\\textbf{100.0}" in tex
-    assert report.escape_latex("a_b%c&d$e#f{g}h~i^j\\k") == (
+    assert table_text.escape_latex("a_b%c&d$e#f{g}h~i^j\\k") == (
         "a\\_b\\%c\\&d\\$e\\#f\\{g\\}h\\textasciitilde{}i\\textasciicircum{}j\\textbackslash{}k"
     )
 
@@ -142,30 +146,30 @@ def test_latex_is_booktabs_escaped_and_well_formed(toy_runs):
 
 
 def test_gt_pair_gains_per_turn(toy_runs, tmp_path):
-    perfect = report.load_run(toy_runs["perfect"], resamples=20)
-    third = report.load_run(toy_runs["third"], resamples=20)
-    first = report.load_run(toy_runs["first"], resamples=20)
-    pair = report.GtPair(label="m", gt=perfect, base=third)
+    perfect = report_runs.load_run(toy_runs["perfect"], resamples=20)
+    third = report_runs.load_run(toy_runs["third"], resamples=20)
+    first = report_runs.load_run(toy_runs["first"], resamples=20)
+    pair = report_runs.GtPair(label="m", gt=perfect, base=third)
     assert pair.turn_gains == pytest.approx([0.0, 0.0, 100.0, 0.0, 0.0])
-    reverse = report.GtPair(label="r", gt=third, base=perfect)
+    reverse = report_runs.GtPair(label="r", gt=third, base=perfect)
     assert reverse.turn_gains == pytest.approx([0.0, 0.0, -100.0, 0.0, 0.0])
-    table = report.table_gt_gain([pair, reverse, report.GtPair(label="t1", gt=perfect, base=first)])
-    md = report.render_markdown(table)
+    table = report_tables.table_gt_gain([pair, reverse, report_runs.GtPair(label="t1", gt=perfect, base=first)])
+    md = table_text.render_markdown(table)
     assert _row(md, "m") == ["+0.0", "+0.0", "+100.0", "+0.0", "+0.0", "+20.0", "+60.0"]
     assert _row(md, "r")[2] == "-100.0"
-    assert "$-$100.0" in report.render_latex(table)
+    assert "$-$100.0" in table_text.render_latex(table)
     # Turn 1 is the sanity check: same history in both runs, so only noise may move it.
     assert pair.turn1_noise_band == pytest.approx(0.0)
     fake = {"isr_by_round": [0.5] * 5, "n_sessions": 100}
-    noisy = report.GtPair(label="n", gt=report.RunSummary(Path("g"), "g", None, None, fake, {}),
-                          base=report.RunSummary(Path("b"), "b", None, None, fake, {}))
+    noisy = report_runs.GtPair(label="n", gt=report_runs.RunSummary(Path("g"), "g", None, None, fake, {}),
+                          base=report_runs.RunSummary(Path("b"), "b", None, None, fake, {}))
     assert noisy.turn1_noise_band == pytest.approx(100 * 1.96 * (2 * 0.25 / 100) ** 0.5)
-    pairs = [report.GtPair(label="t1", gt=perfect, base=first)]
-    result = report.write_report([perfect], tmp_path, pairs, figures=False)
+    pairs = [report_runs.GtPair(label="t1", gt=perfect, base=first)]
+    result = sysbench_report.write_report([perfect], tmp_path, pairs, figures=False)
     assert any("turn-1 ISR gain is +100.0 points, beyond" in w for w in result.warnings)
     assert "Outside the noise band: t1" in (tmp_path / "report.md").read_text(encoding="utf-8")
     # Dict-shaped per-round values are read the same way as lists.
-    assert report.isr_gain_by_turn({"isr_by_round": {"t1": 0.5, "t2": 0.7}}, {"isr_by_round": [0.5, 0.6]})[:2] == (
+    assert report_runs.isr_gain_by_turn({"isr_by_round": {"t1": 0.5, "t2": 0.7}}, {"isr_by_round": [0.5, 0.6]})[:2] == (
         pytest.approx([0.0, 10.0])
     )
 
@@ -174,7 +178,7 @@ def test_gt_pair_gains_per_turn(toy_runs, tmp_path):
 
 
 def test_every_domain_has_an_english_name(dataset):
-    from sysbench_gpu.figures import DOMAIN_NAMES_EN, domain_name_en
+    from sysbench_gpu.benchmarks.sysbench.figures import DOMAIN_NAMES_EN, domain_name_en
 
     domains = {s.domain for s in dataset.sessions}
     assert len(domains) == 22
@@ -255,7 +259,7 @@ def test_report_warns_on_mixed_datasets_and_rejects_unjudged_runs(toy_runs, data
 
 
 def test_radar_with_fourteen_runs_has_no_font_warnings(tmp_path):
-    from sysbench_gpu import figures
+    from sysbench_gpu.benchmarks.sysbench import figures
 
     labels = [f"model_{i:02d}_with_a_long_name" for i in range(14)]
     values = [[60 + (i * 7 + j * 5) % 35 for j in range(6)] for i in range(14)]

@@ -8,13 +8,20 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-
 from test_report import _assert_figure, _pick_sessions, _row
 
-from sysbench_gpu import report
+from sysbench_gpu.benchmarks.base import save_run_sessions
+from sysbench_gpu.benchmarks.sysbench import report_runs
+from sysbench_gpu.benchmarks.sysbench.report_ablations import (
+    RunKind,
+    ablation_groups,
+    ablation_panels,
+    gains_by_group,
+    run_kind,
+)
 from sysbench_gpu.cli import main
-from sysbench_gpu.report_ablations import RunKind, ablation_groups, ablation_panels, gains_by_group, run_kind
-from sysbench_gpu.runstore import GenerationRecord, JudgmentRecord, RunDir, Verdict
+from sysbench_gpu.core.records import GenerationRecord, JudgmentRecord, Verdict
+from sysbench_gpu.core.rundir import RunDir
 
 Fails = Callable[[object, int], bool]  # (session, turn) -> does the turn fail
 
@@ -23,7 +30,7 @@ def _make(path: Path, dataset, sessions, fails: Fails, model: str = "toy", **gen
     """A judged run whose turn fails when ``fails(session, turn)``; ``generate``: its stages.generate fields."""
     run = RunDir(path)
     run.update_manifest(label=path.name, model=model)
-    run.write_sessions(sessions, dataset)
+    save_run_sessions(run, sessions, dataset)
     if generate:
         run.update_manifest(stage="generate", status="complete", model=model, benchmark="sysbench", **generate)
     run.generations.append(
@@ -100,9 +107,9 @@ def test_one_figure_and_table_for_every_kind_of_one_model(ablation_runs, tmp_pat
 
 
 def test_gt_pair_joins_the_panel_and_the_gain_is_split_by_group(ablation_runs, tmp_path, capsys):
-    runs = [report.load_run(ablation_runs[k], resamples=10) for k in ("own", "single")]
-    gt = report.load_run(ablation_runs["ref"], resamples=10)
-    pair = report.GtPair(label="toy", gt=gt, base=runs[0])
+    runs = [report_runs.load_run(ablation_runs[k], resamples=10) for k in ("own", "single")]
+    gt = report_runs.load_run(ablation_runs["ref"], resamples=10)
+    pair = report_runs.GtPair(label="toy", gt=gt, base=runs[0])
     groups, warnings = ablation_groups(runs, [pair])
     assert warnings == [] and [g.model for g in groups] == ["toy"]
     panels = ablation_panels(groups)
@@ -138,7 +145,7 @@ def test_repeated_kind_is_a_warning(ablation_runs, tmp_path, capsys):
 
 
 def test_metrics_has_per_turn_isr_by_group(ablation_runs):
-    from sysbench_gpu.metrics import run_metrics
+    from sysbench_gpu.benchmarks.runs import run_metrics
 
     result = run_metrics(ablation_runs["own"], resamples=10)
     assert result["isr_by_round_by_group"]["dependent"] == pytest.approx([1, 1, 0, 0, 1])

@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from mteval_runs import judge_with_markers, make_mteval_run
 from test_judge_support import make_run
 from test_mteval_judge_stage import _global_inst_reply
 from test_report import _assert_figure, _row
 
 from sysbench_gpu.cli import main
-from sysbench_gpu.judge import judge_run
+from sysbench_gpu.judging.stage import judge_run
 
 
 def _cls_even(session, turn):
@@ -106,7 +105,7 @@ def test_report_refusals(toy, tmp_path, dataset, capsys):
     sysbench = make_run(tmp_path / "sb", dataset, [1])
     rc = main(["report", str(toy["ref"]), str(sysbench.path), "--out", str(tmp_path / "r1")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "is a SysBench run among MT-Eval runs" in err[0]
+    assert rc == 2 and len(err) == 1 and "cannot report MT-Eval runs with SysBench runs" in err[0]
     rc = main(["report", str(toy["ref"]), "--gt-pair", f"{toy['gold']}={toy['ref']}", "--out", str(tmp_path / "r2")])
     assert rc == 2 and "--gt-pair applies to SysBench runs" in capsys.readouterr().err
     rc = main(["report", str(toy["ref"]), str(toy["ref"]), "--out", str(tmp_path / "r3"), "--no-figures"])

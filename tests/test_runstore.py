@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.runstore import GenerationRecord, JudgmentRecord, RunDir, Verdict
+from sysbench_gpu.benchmarks.base import load_run_sessions, save_run_sessions
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.records import GenerationRecord, JudgmentRecord, Verdict
+from sysbench_gpu.core.rundir import RunDir
 
 
 def _generation(system_id: int, turn: int, response: str | None = "reply") -> GenerationRecord:
@@ -113,8 +115,8 @@ def test_manifest_is_merged_per_stage(tmp_path: Path) -> None:
 def test_sessions_snapshot_round_trip(tmp_path: Path, dataset) -> None:
     run = RunDir(tmp_path)
     chosen = dataset.select([5, 2], limit=None)
-    run.write_sessions(chosen, dataset)
-    assert run.load_sessions() == chosen
+    save_run_sessions(run, chosen, dataset)
+    assert load_run_sessions(run) == chosen
     assert run.read_manifest()["dataset"]["sha256"] == dataset.sha256
     with pytest.raises(SysbenchError, match="no session with system_id 9999"):
         dataset.select([9999])
@@ -122,14 +124,14 @@ def test_sessions_snapshot_round_trip(tmp_path: Path, dataset) -> None:
 
 @pytest.mark.parametrize("name", ["follow-up_multi.jsonl", "recollection_multi_global-inst.jsonl", "refinement_single.jsonl"])
 def test_mteval_snapshot_round_trip_keeps_ids_and_task(tmp_path: Path, mteval_data_dir: Path, name: str) -> None:
-    from sysbench_gpu.data import load_dataset
+    from sysbench_gpu.benchmarks.base import load_dataset
 
     source = load_dataset(mteval_data_dir / name)
     chosen = list(source.sessions)[3:6]  # a subset: ids 4-6, not 1-3, and a file name that names no task
     run = RunDir(tmp_path)
-    run.write_sessions(chosen, source)
-    assert run.load_sessions() == chosen
-    assert [s.system_id for s in run.load_sessions()] == [4, 5, 6]
+    save_run_sessions(run, chosen, source)
+    assert load_run_sessions(run) == chosen
+    assert [s.system_id for s in load_run_sessions(run)] == [4, 5, 6]
     assert run.sessions_path.read_text(encoding="utf-8").count("\n") == 3  # JSON Lines
 
 

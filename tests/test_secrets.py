@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from openai_stub import OpenAIStub, Reply
 from test_judge_support import good_reply, make_run, marker
 
-from sysbench_gpu import redact
+from sysbench_gpu.core import redact
 
 pytest.importorskip("openai")
 

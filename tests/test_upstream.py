@@ -12,9 +12,14 @@ import pytest
 openpyxl = pytest.importorskip("openpyxl")
 
 from sysbench_gpu import cli  # noqa: E402
-from sysbench_gpu.data import load_dataset  # noqa: E402
-from sysbench_gpu.runstore import RunDir  # noqa: E402
-from sysbench_gpu.upstream import REQUIRED_COLUMNS, import_workbook, parse_checklist  # noqa: E402
+from sysbench_gpu.benchmarks.base import (
+    load_dataset,  # noqa: E402
+    load_run_sessions,
+)
+from sysbench_gpu.benchmarks.sysbench.upstream import import_workbook
+from sysbench_gpu.benchmarks.sysbench.upstream_records import parse_checklist
+from sysbench_gpu.benchmarks.sysbench.upstream_workbook import REQUIRED_COLUMNS
+from sysbench_gpu.core.rundir import RunDir  # noqa: E402
 
 SHARED = Path(os.environ.get("SYSBENCH_SHARED", Path(__file__).resolve().parents[2] / "shared" / "sysbench"))
 UPSTREAM = SHARED / "upstream-results"
@@ -177,7 +182,7 @@ def test_gpt4o_reproduces_the_paper(imported, capsys):
 
 def test_shifted_references_land_on_turns_one_and_two(imported, sessions_file):
     run = RunDir(imported("gpt4o/gpt4o_analysis.xlsx"))
-    sessions = run.load_sessions()
+    sessions = load_run_sessions(run)
     shared = load_dataset(sessions_file).sessions
     assert tuple(sessions) == shared  # the whole snapshot, references included
     first = sessions[0]
@@ -262,7 +267,7 @@ def test_toy_workbook_checklist_references_and_verdict_rule(tmp_path):
     assert result.anomalies == {"extra_verdict_line": 1, "missing_verdict": 1, "verdict_type_mismatch": 1,
                                 "usable_disagrees": 1}
     run = RunDir(tmp_path / "run")
-    session = run.load_sessions()[0]
+    session = load_run_sessions(run)[0]
     turn3 = session.turn(3)
     assert [(c.id, c.content, c.type) for c in turn3.constraints] == [
         (1, "回答用 A | B 两栏\n第二行说明 | 仍是内容", "format"), (2, "语气友好", "style"), (3, "不谈政治", "action")]

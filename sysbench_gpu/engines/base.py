@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence, TypedDict
+from typing import Any, Protocol
 
-
-class ChatMessage(TypedDict):
-    role: str  # system | user | assistant
-    content: str
+from sysbench_gpu.core.chat import ChatMessage
 
 
 @dataclass(frozen=True)

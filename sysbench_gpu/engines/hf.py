@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import gc
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from sysbench_gpu.engines.base import ChatMessage, Completion, SamplingSpec
+from sysbench_gpu.core.chat import ChatMessage
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.engines.base import Completion, SamplingSpec
+from sysbench_gpu.engines.models import resolve_model
 from sysbench_gpu.engines.startup import startup_failure
-from sysbench_gpu.errors import SysbenchError
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +50,6 @@ class HFEngine:
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from sysbench_gpu.models import resolve_model
 
         if batch_size < 1:
             raise SysbenchError(f"hf engine: batch_size must be at least 1, got {batch_size}")
@@ -87,7 +88,7 @@ class HFEngine:
         *,
         ignore_eos: bool = False,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
-    ) -> "HFEngine":
+    ) -> HFEngine:
         """An engine around a model already in memory (benchmarks build random-weight models on the device)."""
         if batch_size < 1:
             raise SysbenchError(f"hf engine: batch_size must be at least 1, got {batch_size}")
@@ -198,7 +199,9 @@ class HFEngine:
         chunks = [order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)]
         results: list[Completion | None] = [None] * len(prompts)
         for chunk in tqdm(chunks, desc="hf batches", unit="batch", disable=len(chunks) < 2, leave=False):
-            for index, completion in zip(chunk, self._generate_batch([prompts[i] for i in chunk], kwargs)):
+            for index, completion in zip(
+                chunk, self._generate_batch([prompts[i] for i in chunk], kwargs), strict=False
+            ):
                 results[index] = completion
         return [completion for completion in results if completion is not None]
 
@@ -217,7 +220,7 @@ class HFEngine:
             )
         new_tokens = output[:, width:].tolist()
         completions = []
-        for prompt, tokens in zip(prompts, new_tokens):
+        for prompt, tokens in zip(prompts, new_tokens, strict=False):
             kept, finish = self._cut_at_eos(tokens, kwargs["max_new_tokens"])
             completions.append(
                 Completion(

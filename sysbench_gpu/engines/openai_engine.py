@@ -18,10 +18,19 @@ import logging
 import os
 import random
 import threading
+from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from typing import Any, Sequence
+from typing import Any
 
-from sysbench_gpu.engines.base import ChatMessage, Completion, SamplingSpec
+from sysbench_gpu.core.chat import ChatMessage
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.redact import (
+    redact,
+    redact_url,
+    register_secret,
+    register_url_secrets,
+)
+from sysbench_gpu.engines.base import Completion, SamplingSpec
 from sysbench_gpu.engines.retry import (
     Clock,
     NotRetryable,
@@ -31,8 +40,6 @@ from sysbench_gpu.engines.retry import (
     call_with_retries,
     parse_retry_after,
 )
-from sysbench_gpu.errors import SysbenchError
-from sysbench_gpu.redact import redact, redact_url, register_secret, register_url_secrets
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,12 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
-from sysbench_gpu.errors import SysbenchError
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.redact import redact
 
 log = logging.getLogger(__name__)
 
@@ -213,8 +215,7 @@ def parse_retry_after(headers: Mapping[str, str] | None, now: Callable[[], float
 
 
 def _error_text(error: BaseException) -> str:
-    from sysbench_gpu.redact import redact  # a server's error body may echo the key
-
+    # A server's error body may echo the key.
     text = redact(str(error).strip()) or type(error).__name__
     if len(text) > 500:
         text = text[:500] + "..."

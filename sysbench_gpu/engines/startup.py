@@ -16,10 +16,10 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
-from sysbench_gpu.errors import SysbenchError
+from sysbench_gpu.core.errors import SysbenchError
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,8 @@ HINTS: tuple[tuple[str, str], ...] = (
      "free memory held by other processes, or size the CPU KV cache yourself: VLLM_CPU_KVCACHE_SPACE=<GiB> "
      "(or --gpu-memory-utilization, a fraction of the NUMA node's memory on the CPU build)"),
     (r"max seq len|max_model_len|larger than the maximum number of tokens|KV cache is needed",
-     "lower --max-model-len, or give the KV cache more memory (--gpu-memory-utilization; VLLM_CPU_KVCACHE_SPACE on CPU)"),
+     "lower --max-model-len, or give the KV cache more memory "
+     "(--gpu-memory-utilization; VLLM_CPU_KVCACHE_SPACE on CPU)"),
     (r"out of memory|OutOfMemory|No available memory for the cache blocks|Insufficient memory|Cannot allocate memory",
      "lower --max-model-len or --gpu-memory-utilization, raise --tensor-parallel-size, or free the device"),
     (r"Address already in use|EADDRINUSE|Could not find open port",

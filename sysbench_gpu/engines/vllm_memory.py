@@ -8,7 +8,8 @@ memory utilization (0.9, 8.74 GiB)"). Unless the user chose (``VLLM_CPU_KVCACHE_
 ``kv_cache_memory_bytes`` or ``gpu_memory_utilization``), the CPU engine therefore sizes
 the KV cache explicitly from the memory available on the node:
 
-    kv = clamp(CPU_KV_FRACTION x (available - R x (weights + CPU_RESERVE_BYTES)) / R, CPU_KV_MIN_BYTES, CPU_KV_MAX_BYTES)
+    kv = clamp(CPU_KV_FRACTION x (available - R x (weights + CPU_RESERVE_BYTES)) / R,
+               CPU_KV_MIN_BYTES, CPU_KV_MAX_BYTES)
 
 where R is the number of data-parallel replicas that start on the machine at once.
 
@@ -19,9 +20,11 @@ sentence saying why) goes into the manifest through ``describe()``.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -103,9 +106,12 @@ def plan_memory(
     kv = int(min(max(CPU_KV_FRACTION * spare / replicas, CPU_KV_MIN_BYTES), CPU_KV_MAX_BYTES)) // MIB * MIB
     where = f"NUMA node {node.node}" if node.node is not None else "this machine"
     shared = f" / {replicas} replicas" if replicas > 1 else ""
-    why = (f"{CPU_KV_FRACTION:g} x ({_gib(node.available_bytes)} GiB available on {where} - {_gib(weights_bytes)} GiB "
-           f"weights - {_gib(CPU_RESERVE_BYTES)} GiB reserve){shared}, kept within [{_gib(CPU_KV_MIN_BYTES)}, "
-           f"{_gib(CPU_KV_MAX_BYTES)}] GiB; a fixed fraction of the node's total fails when other processes hold memory")
+    why = (
+        f"{CPU_KV_FRACTION:g} x ({_gib(node.available_bytes)} GiB available on {where} - {_gib(weights_bytes)} GiB "
+        f"weights - {_gib(CPU_RESERVE_BYTES)} GiB reserve){shared}, kept within [{_gib(CPU_KV_MIN_BYTES)}, "
+        f"{_gib(CPU_KV_MAX_BYTES)}] GiB; a fixed fraction of the node's total fails when other processes "
+        "hold memory"
+    )
     facts = {"numa_node": node.node, "node_total_gib": _gib(node.total_bytes),
              "node_available_gib": _gib(node.available_bytes), "weights_gib": _gib(weights_bytes),
              "kv_cache_gib": _gib(kv)}
@@ -115,7 +121,10 @@ def plan_memory(
 def read_node_memory() -> NodeMemory:
     """The numbers vLLM's CPU worker checks against (its own reader, cgroup limits included), else /proc/meminfo."""
     try:
-        from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
+        from vllm.utils.cpu_resource_utils import (
+            get_allowed_cpu_list,
+            get_memory_node_info,
+        )
 
         node = int(get_allowed_cpu_list()[0].numa_node)
         info = get_memory_node_info(node)
@@ -143,10 +152,8 @@ def weights_bytes(model_path: str) -> int:
     total = 0
     for pattern in ("*.safetensors", "*.bin", "*.pt"):
         for weight in folder.glob(pattern):
-            try:
+            with contextlib.suppress(OSError):
                 total += weight.stat().st_size
-            except OSError:
-                pass
     return total
 
 

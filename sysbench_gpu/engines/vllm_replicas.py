@@ -19,6 +19,7 @@ otherwise race for the same ports ("Engine core initialization failed", now and 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
@@ -27,11 +28,13 @@ import multiprocessing
 import os
 import time
 import traceback
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from sysbench_gpu.engines.base import ChatMessage, Completion, SamplingSpec
+from sysbench_gpu.core.chat import ChatMessage
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.engines.base import Completion, SamplingSpec
 from sysbench_gpu.engines.startup import one_line
-from sysbench_gpu.errors import SysbenchError
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +83,10 @@ def replica_device_groups(replicas: int, per_replica: int, visible: Sequence[str
 
 
 def replica_port_bases(replicas: int, environ: Mapping[str, str]) -> list[int]:
-    """``VLLM_PORT`` for each replica: disjoint ranges from the user's ``VLLM_PORT`` or ``DEFAULT_REPLICA_PORT_BASE``."""
+    """``VLLM_PORT`` for each replica.
+
+    Disjoint ranges from the user's ``VLLM_PORT`` or ``DEFAULT_REPLICA_PORT_BASE``.
+    """
     raw = environ.get("VLLM_PORT", "").strip()
     if raw:
         try:
@@ -107,7 +113,7 @@ def replica_envs(
     if not visible:
         return envs, None
     groups = replica_device_groups(replicas, per_replica, visible)
-    for env, group in zip(envs, groups):
+    for env, group in zip(envs, groups, strict=False):
         env["CUDA_VISIBLE_DEVICES"] = ",".join(group)
     return envs, groups
 
@@ -153,10 +159,8 @@ def _serve_replica(conn: Any, factory: str, options: dict[str, Any], env: dict[s
             method, args = "close", ()
         if method == "close":
             backend.close()
-            try:
+            with contextlib.suppress(BrokenPipeError, OSError):
                 conn.send(("ok", None))
-            except (BrokenPipeError, OSError):
-                pass
             return
         try:
             conn.send(("ok", getattr(backend, method)(*args)))
@@ -222,7 +226,7 @@ class ReplicaPool:
         results: list[Completion | None] = [None] * len(conversations)
         for replica in busy:
             completions = self._receive(replica, timeout_s=None, doing="chat")
-            for position, completion in zip(shards[replica], completions):
+            for position, completion in zip(shards[replica], completions, strict=False):
                 completion.extra["replica"] = replica
                 results[position] = completion
         return [r for r in results if r is not None]
@@ -236,7 +240,9 @@ class ReplicaPool:
                     f"vllm data-parallel replica {index} exited with code {process.exitcode} while {doing}"
                 )
             if deadline is not None and time.monotonic() > deadline:
-                raise SysbenchError(f"vllm data-parallel replica {index}: no answer after {timeout_s:.0f} s while {doing}")
+                raise SysbenchError(
+                    f"vllm data-parallel replica {index}: no answer after {timeout_s:.0f} s while {doing}"
+                )
         try:
             status, value = connection.recv()
         except EOFError as error:
@@ -248,7 +254,7 @@ class ReplicaPool:
         return value
 
     def close(self) -> None:
-        for connection, process in zip(self._connections, self._processes):
+        for connection, process in zip(self._connections, self._processes, strict=False):
             try:
                 if process.is_alive():
                     connection.send(("close", ()))

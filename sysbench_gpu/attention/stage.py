@@ -1,0 +1,225 @@
+"""The ``attention`` stage: the system message's share of attention for every token of every session.
+
+For each session one teacher-forced forward runs over the whole final conversation
+(system + user turns + replies from the run's ``generations.jsonl`` or the reference
+replies), built as generation built it (``conversation``: distractor exchanges in
+front, MT-Eval context turns with their given replies, one forward per turn for
+single-turn runs); ``hooks.AttentionShareCapture`` measures at the selected layers the
+share of attention that every token gives to the system text and to the template's
+leading tokens. With ``--control`` the same conversation is also run with the system
+text sent as user (joined to the first user message).
+
+Output directory::
+
+    OUT/
+      manifest.json            how the numbers were made (model, layers, chunking, spans, versions)
+      sessions/<id>.<condition>.npz   per session: token ids, per-token shares per layer, boundaries, meta
+      sessions/<id>.<condition>.skipped.json   a session that could not be measured (and why)
+      shards/rank<r>-of-<w>.jsonl      per-turn rows written by each rank as it goes
+      turn_shares.jsonl        merged per-turn table (rank 0, at the end)
+      analysis.json            correlation with verdicts, system-vs-user comparison, summaries
+      figures/                 token_shares_<id>_<layer>.png/pdf, turn_means_<layer>.png/pdf
+
+Resume is per session and condition: an existing ``.npz`` (written atomically) is
+skipped. Under ``torchrun`` (RANK/WORLD_SIZE in the environment) each rank takes every
+WORLD_SIZE-th session and rank 0 waits for the others' done markers and merges; with
+``--tensor-parallel`` the ranks instead split every layer's heads, run every session
+together, and only rank 0 writes (``layout``). Files: ``store``; measuring: ``measure``;
+merge, analysis and figures: ``report``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+from sysbench_gpu.attention.conversation import RunConversations, conversation_turns
+from sysbench_gpu.attention.layout import (
+    Distributed,
+    LoadPlan,
+    mark_done,
+    plan_load,
+    wait_for_ranks,
+)
+from sysbench_gpu.attention.measure import SPAN_NAMES, STAGE, measure_sessions, session_arrays
+from sysbench_gpu.attention.report import draw_figures, finish, print_summary
+from sysbench_gpu.attention.store import check_settings, load_session, read_manifest, session_path, skip_path
+from sysbench_gpu.attention.turn_table import merge_turn_table
+from sysbench_gpu.benchmarks.base import load_run_sessions
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.locks import stage_lock
+from sysbench_gpu.core.rundir import RunDir
+from sysbench_gpu.core.sessions import parse_session_ids, select_sessions
+
+# Names other modules and tests import from here (the stage's former contents, now in its parts).
+__all__ = [
+    "SPAN_NAMES",
+    "STAGE",
+    "cmd_attention",
+    "cmd_attention_plot",
+    "conversation_turns",
+    "draw_figures",
+    "finish",
+    "load_session",
+    "measure_sessions",
+    "merge_turn_table",
+    "print_summary",
+    "read_manifest",
+    "register",
+    "session_arrays",
+    "session_path",
+]
+
+log = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------- CLI
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "attention",
+        help="share of attention on the system message, per token, per session (teacher-forced)",
+        description="Measure the system message's share of attention for every token of every session.",
+    )
+    parser.add_argument("run_dir", help="run directory (sessions.json, generations.jsonl, judgments.jsonl)")
+    parser.add_argument("--model", required=True, help="model path or hub id, or 'smollm2'")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument(
+        "--layers", default="mid,last", help="mid, last, all or layer numbers, comma-separated (default mid,last)"
+    )
+    parser.add_argument("--sessions", help="system ids, e.g. 1,2,10-20 (default: all sessions of the run)")
+    parser.add_argument("--limit", type=int, help="only the first N selected sessions")
+    parser.add_argument("--control", action="store_true", help="also run the system text as a user message")
+    parser.add_argument(
+        "--replies",
+        choices=("auto", "generations", "reference"),
+        default="auto",
+        help="assistant replies to teacher-force: the run's generations or the reference replies "
+        "(auto: generations if any)",
+    )
+    parser.add_argument("--chunk-tokens", type=int, help="query and key chunk length (default: sized from --chunk-mib)")
+    parser.add_argument(
+        "--chunk-mib", type=int, default=256, help="memory budget for the score blocks of one layer (MiB)"
+    )
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    parser.add_argument(
+        "--device", default="auto", help="auto (cuda:LOCAL_RANK if available, else cpu), cpu, cuda, cuda:N"
+    )
+    parser.add_argument("--device-map", help="e.g. auto: spread a large model over all visible GPUs in this process")
+    parser.add_argument(
+        "--tensor-parallel",
+        action="store_true",
+        help="under torchrun: split every layer's heads over the ranks (transformers' tp_plan); "
+        "every rank runs every session",
+    )
+    parser.add_argument("--per-head", action="store_true", help="also store per-head shares")
+    parser.add_argument(
+        "--store-dtype", choices=("float16", "float32"), default="float32", help="dtype of stored shares"
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, help="longest conversation; later turns are dropped to fit (default: model context)"
+    )
+    parser.add_argument("--no-figures", action="store_true", help="do not draw figures")
+    parser.add_argument("--figure-session", type=int, help="session for the per-token figure (default: the first one)")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates for confidence intervals")
+    parser.add_argument("--wait-timeout", type=float, default=86400.0, help="rank 0: seconds to wait for other ranks")
+    parser.set_defaults(func=cmd_attention)
+
+    plot = subparsers.add_parser(
+        "attention-plot",
+        help="figures from one or more attention output directories (e.g. several models)",
+    )
+    plot.add_argument("dirs", nargs="+", help="attention output directories")
+    plot.add_argument("--out", required=True, help="figure directory")
+    plot.add_argument("--layer", default="mid", help="layer label (mid, last, layerN)")
+    plot.add_argument("--names", help="comma-separated model names for the legend (default: from the manifests)")
+    plot.add_argument("--session", type=int, help="also draw the per-token figure of this session")
+    plot.set_defaults(func=cmd_attention_plot)
+
+
+def cmd_attention(args: argparse.Namespace) -> int:
+    run = RunDir(args.run_dir).require()
+    sessions = load_run_sessions(run)
+    sessions = select_sessions(sessions, parse_session_ids(args.sessions), args.limit, source=run.sessions_path)
+    generations = run.generations.read()
+    replies = args.replies
+    if replies == "auto":
+        replies = "generations" if generations else "reference"
+    if replies == "generations" and not generations:
+        raise SysbenchError(f"{run.generations.path}: no generations (use --replies reference)")
+    conditions = ("system", "control") if args.control else ("system",)
+    conversations = RunConversations.from_run(run)
+    out = Path(args.out)
+    dist = Distributed.from_env()
+    plan = plan_load(args.device, args.device_map, args.tensor_parallel, dist, _cuda_available())
+    settings = {
+        "run_dir": str(Path(args.run_dir).resolve()),
+        "model": args.model,
+        "layers_spec": args.layers,
+        "replies": replies,
+        "store_dtype": args.store_dtype,
+        # How the run built its conversations (generate's manifest): what every forward holds.
+        "conversation": {"history": conversations.history, "distractor_turns": conversations.distractor_turns},
+    }
+    # One writer per output directory: each process that writes holds its lock for the whole stage.
+    # Data-parallel ranks each write their own files (one lock per rank); under tensor parallel only rank 0 writes.
+    writes = plan.splits_sessions or dist.rank == 0
+    with stage_lock(out, STAGE if dist.world == 1 else f"{STAGE}.{dist.tag}", enabled=writes):
+        return _measure_and_finish(args, run, sessions, generations, replies, conditions, out, dist, plan, settings,
+                                   conversations)
+
+
+def _measure_and_finish(
+    args: argparse.Namespace,
+    run: Any,
+    sessions: list[Any],
+    generations: dict[tuple[int, int], Any],
+    replies: str,
+    conditions: tuple[str, ...],
+    out: Path,
+    dist: Distributed,
+    plan: LoadPlan,
+    settings: dict[str, Any],
+    conversations: RunConversations,
+) -> int:
+    check_settings(out, settings, write=dist.rank == 0)
+    # Data parallel: each rank its own sessions. Tensor parallel: every rank runs every session (each holds some heads).
+    mine = sessions[dist.rank :: dist.world] if plan.splits_sessions else sessions
+    runs = [(session, condition) for session in mine for condition in conditions]
+    todo = [
+        index
+        for index, (session, condition) in enumerate(runs)
+        if not session_path(out, session.system_id, condition).exists()
+        and not skip_path(out, session.system_id, condition).exists()
+    ]
+    log.info("%s: %d of %d session runs to do (%d already done)", dist.tag, len(todo), len(runs), len(runs) - len(todo))
+    if todo:
+        measure_sessions(args, runs, todo, generations, replies, out, dist, plan, settings, conversations)
+    if plan.splits_sessions:
+        mark_done(out, dist)
+    if dist.rank != 0:
+        return 0
+    if plan.splits_sessions:
+        wait_for_ranks(out, dist, args.wait_timeout)
+    finish(out, run, args)
+    return 0
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def cmd_attention_plot(args: argparse.Namespace) -> int:
+    dirs = [Path(d) for d in args.dirs]
+    names = [n.strip() for n in args.names.split(",")] if args.names else None
+    if names and len(names) != len(dirs):
+        raise SysbenchError(f"--names gives {len(names)} names for {len(dirs)} directories")
+    written = draw_figures(dirs, Path(args.out), names, args.session, layer_label=args.layer)
+    for path in written:
+        print(path)
+    return 0

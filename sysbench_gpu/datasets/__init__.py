@@ -1,0 +1,1 @@
+"""Data stage: ``sysbench-gpu data download|stats|validate`` for any registered benchmark."""

@@ -1,0 +1,244 @@
+"""``sysbench-gpu explore``: a static site to read runs, sessions, verdicts or scores, and attention (docs/explore.md).
+
+::
+
+    SITE/
+      index.html, session.html, explore.css, explore*.js  the pages (copied from explore/assets/)
+      data/index.js                 runs with their metrics, one row per session (keyed <benchmark>-<system_id>)
+      data/sessions/<key>.js        one session: texts, checklists, every run's replies and verdicts or scores
+      data/attention/<key>.js       one session's token-level attention (only sessions that have it)
+      manifest.json                 how the site was made: runs, attention directories, options, versions
+
+The pages open from disk (file://) without a server or network: data files are
+scripts that assign to a global (browsers refuse fetch() of local files), and every
+text is put into the page with ``textContent``, never as HTML.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from sysbench_gpu import __version__
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.rundir import package_versions, utc_now, write_bytes_atomic, write_json_atomic
+from sysbench_gpu.explore import attention as attn
+from sysbench_gpu.explore import data, sessions
+from sysbench_gpu.reporting.report import EXPLORER_DIRNAME
+
+log = logging.getLogger(__name__)
+
+ASSETS = (
+    "index.html", "session.html", "explore.css",
+    "explore.js", "explore_index.js", "explore_session.js", "explore_attention.js",
+)
+DATA_INDEX = "data/index.js"
+INDEX_GLOBAL = "SYSBENCH_EXPLORE_INDEX"
+SESSIONS_GLOBAL = "SYSBENCH_EXPLORE_SESSIONS"
+ATTENTION_GLOBAL = "SYSBENCH_EXPLORE_ATTENTION"
+
+
+# ---------------------------------------------------------------- data files
+
+
+def js_assignment(target: str, value: Any) -> bytes:
+    """``target = <JSON>;`` as a script. JSON is valid JavaScript; ``</`` and U+2028/9 are escaped anyway."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    text = text.replace("</", "<\\/").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    return f"{target} = {text};\n".encode()
+
+
+def keyed_assignment(name: str, key: str, value: Any) -> bytes:
+    """A data file that adds one entry to ``window[name]`` under its session's key."""
+    head = f"window.{name} = window.{name} || {{}};\n".encode()
+    return head + js_assignment(f"window.{name}[{json.dumps(str(key))}]", value)
+
+
+def session_file(kind: str, key: str) -> str:
+    """A session's data file: ``data/<kind>/<benchmark>-<system_id>.js`` (``key`` as ``data.key_text``)."""
+    if not key or "/" in key or key.startswith("."):
+        raise SysbenchError(f"explore: {key!r} is not a session key")
+    return f"data/{kind}/{key}.js"
+
+
+def read_data_file(path: Path) -> Any:
+    """The JSON value of a data file written by :func:`js_assignment` (for tests and checks)."""
+    text = path.read_text(encoding="utf-8")
+    body = text.rstrip().rsplit("\n", 1)[-1]
+    value = body.split(" = ", 1)[1].rstrip(";")
+    return json.loads(value)
+
+
+# ---------------------------------------------------------------- the site
+
+
+def _check_out(out: Path) -> None:
+    """Refuse to write into a non-empty folder that is not an earlier explorer site."""
+    if out.exists() and not out.is_dir():
+        raise SysbenchError(f"{out}: --out exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / DATA_INDEX).is_file():
+        raise SysbenchError(f"{out}: folder is not empty and is not an explorer site; choose another --out")
+
+
+def _write(out: Path, relative: str, payload: bytes, written: set[str]) -> int:
+    write_bytes_atomic(out / relative, payload)
+    written.add(relative)
+    return len(payload)
+
+
+def _remove_stale(out: Path, written: set[str]) -> int:
+    """Data files of an earlier build that this build did not write (sessions no longer explored)."""
+    removed = 0
+    for kind in ("sessions", "attention"):
+        for path in sorted((out / "data" / kind).glob("*.js")):
+            if f"data/{kind}/{path.name}" not in written:
+                path.unlink()
+                removed += 1
+    return removed
+
+
+def copy_assets(out: Path, written: set[str]) -> None:
+    folder = resources.files("sysbench_gpu.explore") / "assets"
+    for name in ASSETS:
+        _write(out, name, (folder / name).read_bytes(), written)
+
+
+def _progress(items: Sequence[Any], desc: str, unit: str, progress: bool) -> Any:
+    return tqdm(items, desc=desc, unit=unit, file=sys.stderr, disable=None if progress else True)
+
+
+def build_site(
+    run_dirs: Sequence[str | Path],
+    out: str | Path,
+    attention_dirs: Sequence[str | Path] = (),
+    resamples: int = 1000,
+    seed: int = 0,
+    title: str | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Write the site; returns counts and sizes (also recorded in the site's manifest.json)."""
+    if not run_dirs:
+        raise SysbenchError("explore: give at least one run directory")
+    started = time.perf_counter()
+    out = Path(out)
+    _check_out(out)
+    views = [data.load_run_view(path, resamples, seed) for path in _progress(run_dirs, "runs", "run", progress)]
+    views = data.unique_labels(views)
+    by_path = {view.path.resolve(): (view.label, data.run_keys(view)) for view in views}
+    sources = [attn.load_source(path, by_path) for path in attention_dirs]
+    texts = {source.tokenizer_path: attn.TokenText(source.tokenizer_path) for source in sources}
+    for text in texts.values():
+        text.load()  # a missing tokenizer stops the build before anything is written
+    order = sessions.session_order(views)
+    keys = [data.key_text(key) for key in order]
+    arms = attn.arms_by_session(sources)
+    unmatched = sorted(set(arms) - set(keys))
+    if unmatched:
+        log.warning("attention for %d session(s) not in any run is left out: %s", len(unmatched), unmatched[:10])
+
+    written: set[str] = set()
+    total = 0
+    rows = {}
+    n_attention = 0
+    for key, text_key in _progress(list(zip(order, keys, strict=True)), "sessions", "session", progress):
+        row = sessions.session_index_row(views, key)
+        row["attention"] = arms.get(text_key, [])
+        rows[text_key] = row
+        detail = sessions.session_detail(views, key)
+        total += _write(out, session_file("sessions", text_key),
+                        keyed_assignment(SESSIONS_GLOBAL, text_key, detail), written)
+        attention = attn.session_attention(text_key, key[2], sources, texts) if sources else None
+        if attention is not None:
+            n_attention += 1
+            total += _write(out, session_file("attention", text_key),
+                            keyed_assignment(ATTENTION_GLOBAL, text_key, attention), written)
+    created = utc_now()
+    index = {
+        "tool": "sysbench-gpu",
+        "version": __version__,
+        "created": created,
+        "title": title or data.site_title(views),
+        "benchmarks": data.benchmark_summaries(views),
+        "runs": [data.run_summary(view) for view in views],
+        "attention": [source.describe() for source in sources],
+        "order": keys,
+        "sessions": rows,
+        "quantization": f"per-token attention shares as uint8 levels round({attn.QUANT_LEVELS} * share), base64",
+    }
+    total += _write(out, DATA_INDEX, js_assignment(f"window.{INDEX_GLOBAL}", index), written)
+    copy_assets(out, written)
+    removed = _remove_stale(out, written)
+    seconds = time.perf_counter() - started
+    summary = {
+        "n_runs": len(views),
+        "n_sessions": len(order),
+        "n_sessions_with_attention": n_attention,
+        "attention_left_out": unmatched,
+        "data_bytes": total,
+        "files_written": len(written),
+        "stale_files_removed": removed,
+        "seconds": round(seconds, 2),
+    }
+    write_json_atomic(
+        out / "manifest.json",
+        {
+            "tool": "sysbench-gpu explore",
+            "created": created,
+            "versions": package_versions(("sysbench-gpu", "transformers", "tokenizers")),
+            "runs": [
+                {"label": view.label, "path": str(view.path.resolve()), "benchmark": view.benchmark.name,
+                 "status": view.status, "note": view.note}
+                for view in views
+            ],
+            "attention": [source.describe() for source in sources],
+            "metrics": {"resamples": resamples, "seed": seed, "unit": "session",
+                        "partial_rule": "a run metrics refuses is scored with --allow-partial --exclude-unparsed "
+                                        "--exclude-skipped and shown as partial"},
+            "quantization": index["quantization"] + "; per-turn means at full precision, rounded to 5 decimals",
+            "summary": summary,
+        },
+    )
+    return summary
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "explore",
+        help="a static HTML site to read sessions, verdicts or scores, and token-level attention",
+        description="Write a self-contained static site (opens from disk, no server) for one or more runs.",
+    )
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (generated, judged or imported)")
+    parser.add_argument("--attention", nargs="+", default=[], metavar="ATTN_DIR",
+                        help="attention output directories (sysbench-gpu attention --out)")
+    parser.add_argument("--out", required=True,
+                        help="site folder (created; an earlier site there is updated); a report whose folder is "
+                             f"beside a folder named {EXPLORER_DIRNAME!r} links to it")
+    parser.add_argument("--title", help="page title (default: the run labels)")
+    parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples for the metric CIs")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    parser.set_defaults(func=_cmd_explore)
+
+
+def _cmd_explore(args: argparse.Namespace) -> int:
+    summary = build_site(args.runs, args.out, args.attention, resamples=args.resamples, seed=args.seed,
+                         title=args.title)
+    out = Path(args.out)
+    print(
+        f"wrote {out / 'index.html'}: {summary['n_runs']} run(s), {summary['n_sessions']} sessions "
+        f"({summary['n_sessions_with_attention']} with attention), {summary['files_written']} files, "
+        f"{summary['data_bytes'] / 1e6:.1f} MB of data in {summary['seconds']:.1f} s"
+    )
+    return 0
+

@@ -1,0 +1,209 @@
+"""``sysbench-gpu generate``: flags, engine options, and the command (docs/generation.md).
+
+The scheduler is ``generation.scheduler``; what each turn sees is ``generation.plan``. Errors that
+need no model (a mismatched run directory, missing references, an ablation the data
+cannot have) are found before the engine loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from sysbench_gpu.benchmarks.base import benchmark_names, load_dataset
+from sysbench_gpu.core.ablation_files import DEFAULT_DISTRACTOR_SEED
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.locks import is_primary_rank, stage_lock
+from sysbench_gpu.core.rundir import GENERATIONS, RunDir
+from sysbench_gpu.core.sessions import Dataset, Session, parse_session_ids
+from sysbench_gpu.engines import get_engine
+from sysbench_gpu.engines.base import SamplingSpec
+from sysbench_gpu.engines.models import resolve_model
+from sysbench_gpu.generation.plan import HISTORY_MODES, select_for_reference_history
+from sysbench_gpu.generation.scheduler import run_generation
+from sysbench_gpu.generation.settings import OVERFLOW_POLICIES, STAGE, GenerateSettings, check_compatible
+
+# CLI flag (argparse dest) -> engine keyword, per engine. A flag set for an engine that
+# does not take it is an error rather than silently ignored.
+ENGINE_FLAGS: dict[str, dict[str, str]] = {
+    "hf": {"device": "device", "dtype": "dtype", "batch_size": "batch_size", "device_map": "device_map", "seed": "seed"},
+    "vllm": {
+        "tensor_parallel_size": "tensor_parallel_size",
+        "pipeline_parallel_size": "pipeline_parallel_size",
+        "data_parallel_size": "data_parallel_size",
+        "no_prefix_caching": "enable_prefix_caching",
+        "max_model_len": "max_model_len",
+        "gpu_memory_utilization": "gpu_memory_utilization",
+        "dtype": "dtype",
+        "seed": "seed",
+        "distributed_executor_backend": "distributed_executor_backend",
+        "enforce_eager": "enforce_eager",
+    },
+    "openai": {
+        "base_url": "base_url",
+        "api_key_env": "api_key_env",
+        "concurrency": "concurrency",
+        "max_retries": "max_retries",
+        "timeout": "timeout",
+    },
+}
+_SHARED_FLAGS = {"seed"}  # a sampling flag that engines also take when they have it
+
+
+def engine_options_from_args(engine: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The ``get_engine`` keyword arguments for the engine flags the user set."""
+    mapping = ENGINE_FLAGS[engine]
+    options: dict[str, Any] = {}
+    for flags in ENGINE_FLAGS.values():
+        for dest in flags:
+            value = getattr(args, dest, None)
+            if value is None or value is False:
+                continue
+            if dest not in mapping:
+                if dest in _SHARED_FLAGS:
+                    continue
+                owners = [name for name, m in ENGINE_FLAGS.items() if dest in m]
+                raise SysbenchError(
+                    f"--{dest.replace('_', '-')} is a flag of the {'/'.join(owners)} engine; --engine {engine} does not take it"
+                )
+            options[mapping[dest]] = False if dest == "no_prefix_caching" else value
+    return options
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "generate",
+        help="generate replies turn by turn, all sessions together (resumable)",
+        description="Generate replies for SysBench sessions or MT-Eval dialogues. With --history model all sessions "
+        "advance together, one batched engine call per turn; records are appended after each call and a rerun resumes.",
+    )
+    parser.add_argument("--data", required=True,
+                        help="data file or folder (SysBench or an MT-Eval task file, told apart by content), "
+                        "or 'demo' for the packaged demo set")
+    parser.add_argument("--benchmark", choices=benchmark_names(),
+                        help="read --data as this benchmark's (default: by its format)")
+    parser.add_argument("--model", required=True, help="model path or hub id; 'smollm2' is the embedded model")
+    parser.add_argument("--engine", required=True, choices=("vllm", "hf", "openai"))
+    parser.add_argument("--out", required=True, help="run directory (created; reused to resume)")
+    parser.add_argument("--limit", type=int, help="first N selected sessions")
+    parser.add_argument("--sessions", help="session ids, e.g. 1,2,5-9")
+    parser.add_argument("--history", choices=HISTORY_MODES, default="model",
+                        help="model: the model's own earlier replies (default); reference: the reference replies "
+                        "(MT-Eval's gold context); single-turn (SysBench): each turn sees the system message and "
+                        "its own user message only")
+    parser.add_argument("--distractor-turns", type=int, default=0, metavar="K",
+                        help="SysBench: K unrelated exchanges (other sessions' reference turns) between the system "
+                        "message and user turn 1")
+    parser.add_argument("--distractor-seed", type=int, metavar="N",
+                        help=f"seed of the distractor draw (default {DEFAULT_DISTRACTOR_SEED})")
+    parser.add_argument("--system-message", metavar="TEXT",
+                        help="MT-Eval: the system message (default: MT-Eval's assistant message; '' sends none)")
+    parser.add_argument("--task", help="MT-Eval: the task when the file name does not say (e.g. refinement_multi)")
+    parser.add_argument("--skip-missing-reference", action="store_true",
+                        help="with --history reference, leave out sessions whose needed references are null")
+    parser.add_argument("--on-overflow", choices=OVERFLOW_POLICIES, default="error",
+                        help="when prompt + max tokens exceeds the context (default: error)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sampling = parser.add_argument_group("sampling (default: the model's own generation config)")
+    sampling.add_argument("--max-tokens", type=int)
+    sampling.add_argument("--temperature", type=float)
+    sampling.add_argument("--top-p", type=float)
+    sampling.add_argument("--top-k", type=int)
+    sampling.add_argument("--repetition-penalty", type=float)
+    sampling.add_argument("--seed", type=int, help="sampling seed (also the engine seed for hf and vllm)")
+    hf = parser.add_argument_group("hf engine")
+    hf.add_argument("--batch-size", type=int, help="sequences per generate() batch (default 32)")
+    hf.add_argument("--device", help="cuda, cuda:1, cpu (default: cuda when available)")
+    hf.add_argument("--device-map", help="'auto' spreads a large model over the GPUs through accelerate")
+    both = parser.add_argument_group("hf and vllm engines")
+    both.add_argument("--dtype", help="bfloat16, float16, float32 or auto")
+    vllm = parser.add_argument_group("vllm engine")
+    vllm.add_argument("--tensor-parallel-size", type=int)
+    vllm.add_argument("--pipeline-parallel-size", type=int)
+    vllm.add_argument("--data-parallel-size", type=int)
+    vllm.add_argument("--no-prefix-caching", action="store_true")
+    vllm.add_argument("--max-model-len", type=int)
+    vllm.add_argument("--gpu-memory-utilization", type=float)
+    vllm.add_argument("--distributed-executor-backend", help="mp, ray or external_launcher (torchrun)")
+    vllm.add_argument("--enforce-eager", action="store_true")
+    openai = parser.add_argument_group("openai engine")
+    openai.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")
+    openai.add_argument("--api-key-env", help="environment variable holding the API key (default OPENAI_API_KEY)")
+    openai.add_argument("--concurrency", type=int)
+    openai.add_argument("--max-retries", type=int)
+    openai.add_argument("--timeout", type=float)
+    parser.set_defaults(func=_cmd_generate)
+
+
+def sampling_from_args(args: argparse.Namespace) -> SamplingSpec:
+    for name in ("max_tokens", "top_k"):
+        value = getattr(args, name)
+        if value is not None and value < (1 if name == "max_tokens" else 0):
+            raise SysbenchError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    return SamplingSpec(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+    )
+
+
+def settings_from_args(args: argparse.Namespace) -> GenerateSettings:
+    if args.distractor_seed is not None and not args.distractor_turns:
+        raise SysbenchError("--distractor-seed needs --distractor-turns")
+    return GenerateSettings(
+        model=args.model,
+        engine=args.engine,
+        history=args.history,
+        sampling=sampling_from_args(args),
+        on_overflow=args.on_overflow,
+        skip_missing_reference=args.skip_missing_reference,
+        distractor_turns=args.distractor_turns,
+        distractor_seed=DEFAULT_DISTRACTOR_SEED if args.distractor_seed is None else args.distractor_seed,
+    )
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    options = engine_options_from_args(args.engine, args)
+    dataset = load_dataset(args.data, system_message=args.system_message, task=args.task,
+                           benchmark=args.benchmark)
+    ids = parse_session_ids(args.sessions)
+    sessions = dataset.select(ids, args.limit)
+    run_dir = RunDir(args.out)
+    # One writer per run directory; taking the lock also checks --out before a model loads.
+    with stage_lock(run_dir.path, STAGE, enabled=is_primary_rank(options)):
+        return _generate_locked(args, settings, options, dataset, sessions, run_dir)
+
+
+def _generate_locked(
+    args: argparse.Namespace, settings: GenerateSettings, options: dict[str, Any], dataset: Dataset,
+    sessions: list[Session], run_dir: RunDir,
+) -> int:
+    run_dir.ensure_writable([GENERATIONS])
+    # Fail on a mismatched run directory, missing references or an impossible ablation before loading a model.
+    check_compatible(run_dir, settings, dataset)
+    if settings.history == "reference" and not settings.skip_missing_reference:
+        select_for_reference_history(sessions, skip_missing=False)
+    plan = settings.plan(dataset)
+    for session in sessions:
+        plan.distractors(session)
+    model = args.model
+    if args.engine in ("hf", "vllm"):
+        model = resolve_model(args.model)
+    engine = get_engine(args.engine, model=model, **options)
+    try:
+        summary = run_generation(
+            engine, dataset, sessions, run_dir, settings, engine_options=options, progress=not args.no_progress,
+            lock=False,
+        )
+    finally:
+        engine.close()
+    if getattr(engine, "is_primary", True):
+        print(
+            f"{run_dir.generations.path}: {summary.total_records} records ({summary.new_records} new, "
+            f"{summary.skipped_records} skipped); statistics in {run_dir.stats_path}"
+        )
+    return 0

@@ -1,0 +1,151 @@
+"""A generate run's settings and the checks that a rerun into the same run directory asks for the same records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sysbench_gpu.benchmarks.base import (
+    benchmark_of,
+    load_run_sessions,
+)
+from sysbench_gpu.core.ablation_files import (
+    ablation_settings,
+    check_ablation_compatible,
+)
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.rundir import RunDir
+from sysbench_gpu.core.sessions import Dataset, Session
+from sysbench_gpu.engines.base import SamplingSpec
+from sysbench_gpu.generation.plan import (
+    HISTORY_MODES,
+    GenerationPlan,
+)
+
+STAGE = "generate"
+
+
+OVERFLOW_POLICIES = ("error", "truncate-history", "skip")
+
+
+# Manifest fields that must not change within one run directory (besides the ablation fields,
+# core.ablation_files.ABLATION_FIELDS, checked first).
+LOCKED_FIELDS = ("model", "engine", "sampling", "data_sha256", "system_message")
+
+
+@dataclass(frozen=True)
+class GenerateSettings:
+    """What decides the content of the records; everything here goes into the manifest."""
+
+    model: str  # as the user named it (e.g. "smollm2"), not the resolved path
+    engine: str
+    history: str = "model"  # model | reference | single-turn
+    sampling: SamplingSpec = field(default_factory=SamplingSpec)
+    on_overflow: str = "error"
+    skip_missing_reference: bool = False
+    distractor_turns: int = 0  # unrelated exchanges before user turn 1 (SysBench ablation)
+    distractor_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.history not in HISTORY_MODES:
+            raise SysbenchError(f"--history must be one of {', '.join(HISTORY_MODES)}, got {self.history!r}")
+        if self.on_overflow not in OVERFLOW_POLICIES:
+            raise SysbenchError(f"--on-overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {self.on_overflow!r}")
+        if self.distractor_turns < 0:
+            raise SysbenchError(f"--distractor-turns must be 0 or more, got {self.distractor_turns}")
+
+    def ablation(self) -> dict[str, Any]:
+        """The manifest's ablation fields: history, distractor_turns, distractor_seed (null without distractors)."""
+        return ablation_settings(self.history, self.distractor_turns, self.distractor_seed)
+
+    def plan(self, dataset: Dataset) -> GenerationPlan:
+        return GenerationPlan.for_dataset(dataset, self.history, self.distractor_turns, self.distractor_seed)
+
+
+@dataclass
+class GenerateSummary:
+    new_records: int
+    skipped_records: int
+    total_records: int
+    calls: list[CallStats]
+    skipped_sessions: list[int]
+
+
+def sampling_json(sampling: SamplingSpec) -> dict[str, Any]:
+    return sampling.explicit()
+
+
+def system_message_of(sessions: list[Session]) -> str | list[str] | None:
+    """The system message a run sends, where its benchmark sets one (MT-Eval); None where sessions carry their own."""
+    return benchmark_of(sessions).generation_manifest(sessions).get("system_message") if sessions else None
+
+
+def check_compatible(run_dir: RunDir, settings: GenerateSettings, dataset: Dataset) -> None:
+    """A rerun into an existing run directory must ask for the same records; name the field that differs."""
+    stored = run_dir.generations.read()
+    section = run_dir.read_manifest().get("stages", {}).get(STAGE)
+    if section is None:
+        if stored:
+            raise SysbenchError(
+                f"{run_dir.generations.path}: holds {len(stored)} records that `generate` did not make "
+                f"(no '{STAGE}' stage in {run_dir.manifest_path.name}); use a new --out"
+            )
+        return
+    # One ablation per run directory: history, distractor turns and seed first.
+    check_ablation_compatible(section, settings.ablation(), str(run_dir.manifest_path))
+    wanted = {
+        "model": settings.model,
+        "engine": settings.engine,
+        "sampling": sampling_json(settings.sampling),
+        "data_sha256": dataset.sha256,
+        "system_message": system_message_of(list(dataset.sessions)),
+    }
+    for name in LOCKED_FIELDS:
+        old, new = section.get(name), wanted[name]
+        if name == "sampling" and isinstance(old, dict):
+            for key in sorted(set(old) | set(new)):
+                if old.get(key) != new.get(key):
+                    raise SysbenchError(
+                        f"{run_dir.manifest_path}: field 'sampling.{key}' was {old.get(key)!r} in this run, "
+                        f"this command asks for {new.get(key)!r}; rerun with the same flags or use a new --out"
+                    )
+        elif old != new:
+            raise SysbenchError(
+                f"{run_dir.manifest_path}: field '{name}' was {old!r} in this run, this command asks for {new!r}; "
+                "rerun with the same settings or use a new --out"
+            )
+
+
+def merged_snapshot(run_dir: RunDir, dataset: Dataset, selected: list[Session]) -> list[Session]:
+    """The run's sessions: those of an earlier invocation plus the newly selected ones, in file order."""
+    wanted = {s.system_id for s in selected}
+    if run_dir.sessions_path.exists():
+        wanted |= {s.system_id for s in load_run_sessions(run_dir)}
+    return [s for s in dataset.sessions if s.system_id in wanted]
+
+
+@dataclass
+class CallStats:
+    """Statistics of one engine call (one turn in model-history mode)."""
+
+    turn: int | str  # the turn number (MT-Eval: answered-turn index), or "all" for a run's single call
+    history: str
+    requests: int
+    wall_s: float
+    prompt_tokens: int
+    cached_prompt_tokens: int | None
+    output_tokens: int
+    finish_reasons: dict[str, int]
+    skipped: int
+    truncated: int
+    started: str
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return round(self.output_tokens / self.wall_s, 2) if self.wall_s > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["wall_s"] = round(self.wall_s, 3)
+        out["output_tokens_per_s"] = self.output_tokens_per_s
+        return out
