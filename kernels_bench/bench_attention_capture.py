@@ -43,8 +43,9 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -71,13 +72,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="tiny", help="tiny (random-weight Llama, GQA), smollm2, or a model path")
     parser.add_argument("--lengths", default="1024,2048,4096,8192", help="sequence lengths")
     parser.add_argument("--layers", default="mid,last", help="layers to capture (mid, last, numbers)")
-    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on the CPU), float32, bfloat16, float16")
+    parser.add_argument(
+        "--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on the CPU), float32, bfloat16, float16"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per measurement (median reported)")
     parser.add_argument("--chunk-mib", type=int, default=32, help="capture's score-block budget (MiB)")
-    parser.add_argument("--eager-max-gib", type=float, default=4.0, help="skip eager when one layer's scores exceed this")
+    parser.add_argument(
+        "--eager-max-gib", type=float, default=4.0, help="skip eager when one layer's scores exceed this"
+    )
     parser.add_argument("--no-eager", action="store_true", help="do not run eager attention")
-    parser.add_argument("--fallback", action="store_true", help="also time the capture's fallback path (full LSE recomputation)")
-    parser.add_argument("--data", default=str(DEFAULT_DATA), help="SysBench sessions.json for real inputs (models with a tokenizer)")
+    parser.add_argument(
+        "--fallback", action="store_true", help="also time the capture's fallback path (full LSE recomputation)"
+    )
+    parser.add_argument(
+        "--data", default=str(DEFAULT_DATA), help="SysBench sessions.json for real inputs (models with a tokenizer)"
+    )
     parser.add_argument("--session", type=int, default=1, help="system id of the session that starts the input")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     return parser.parse_args(argv)
@@ -95,8 +104,13 @@ def build_model(name: str, dtype: torch.dtype, device: str) -> tuple[Any, Any]:
     if name == "tiny":
         torch.manual_seed(0)
         config = LlamaConfig(
-            vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
+            vocab_size=1000,
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=32768,
         )
         return LlamaForCausalLM(config).to(dtype).to(device).eval(), None
     from sysbench_gpu.engines.models import resolve_model
@@ -113,7 +127,10 @@ def random_inputs(vocab_size: int, device: str) -> Callable[[int], Inputs]:
     def make(length: int) -> Inputs:
         generator = torch.Generator().manual_seed(length)
         ids = torch.randint(0, min(vocab_size, 1000), (1, length), generator=generator).to(device)
-        return ids, [(0, min(LEAD_TOKENS, length)), (min(LEAD_TOKENS, length), min(LEAD_TOKENS + SYSTEM_TOKENS, length))]
+        return ids, [
+            (0, min(LEAD_TOKENS, length)),
+            (min(LEAD_TOKENS, length), min(LEAD_TOKENS + SYSTEM_TOKENS, length)),
+        ]
 
     return make
 
@@ -121,7 +138,7 @@ def random_inputs(vocab_size: int, device: str) -> Callable[[int], Inputs]:
 def sysbench_inputs(tokenizer: Any, data: Path, first_session: int, device: str) -> Callable[[int], Inputs]:
     """A real SysBench conversation through the chat template, extended with later sessions' turns and cut at T."""
     from sysbench_gpu.attention.segments import TurnText, layout_conversation
-    from sysbench_gpu.benchmarks.base import load_dataset
+    from sysbench_gpu.benchmarks.registry import load_dataset
 
     sessions = load_dataset(data).sessions
     start = next((i for i, s in enumerate(sessions) if s.system_id == first_session), None)
@@ -166,7 +183,7 @@ class PeakMemory:
         if self.cuda and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         gc.collect()
         if self.cuda:
             torch.cuda.synchronize(self.device)
@@ -242,7 +259,8 @@ def interleaved(runs: dict[str, Callable[[], None]], device: str, repeats: int) 
 
 
 class EagerAtLayers:
-    """Switch ``model`` to an attention function that runs eager (probabilities materialized) at ``layers`` and SDPA elsewhere.
+    """Switch ``model`` to an attention function that runs eager (probabilities materialized) at ``layers``
+    and SDPA elsewhere.
 
     The eager layers use the model file's ``eager_attention_forward`` with an additive mask
     (the SDPA mask, or the causal one where SDPA had none), so their probabilities are what
@@ -253,7 +271,7 @@ class EagerAtLayers:
         self.model, self.layers, self.spans = model, set(layers), spans
         self.shares: dict[int, torch.Tensor] = {}
 
-    def __enter__(self) -> "EagerAtLayers":
+    def __enter__(self) -> EagerAtLayers:
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -284,15 +302,26 @@ def _additive(mask: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor:
         mask = torch.ones(t_q, t_k, dtype=torch.bool, device=query.device).tril()[None, None]
     if mask.dtype != torch.bool:
         return mask
-    return torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~mask, torch.finfo(query.dtype).min)
+    return torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(
+        ~mask, torch.finfo(query.dtype).min
+    )
 
 
 # ----------------------------------------------------------------- measurement
 
 
-def measure(model: Any, lengths: list[int], layers: list[int], device: str, repeats: int = 3, eager: bool = True,
-            eager_max_gib: float = 4.0, chunk_mib: int = 32, input_ids_for: Callable[[int], Any] | None = None,
-            fallback: bool = False) -> list[dict[str, Any]]:
+def measure(
+    model: Any,
+    lengths: list[int],
+    layers: list[int],
+    device: str,
+    repeats: int = 3,
+    eager: bool = True,
+    eager_max_gib: float = 4.0,
+    chunk_mib: int = 32,
+    input_ids_for: Callable[[int], Any] | None = None,
+    fallback: bool = False,
+) -> list[dict[str, Any]]:
     """One row per length: plain, capture (and fallback) timed interleaved, eager after; peaks; shares vs eager.
 
     ``input_ids_for(T)`` returns token ids ``[1, T]`` on ``device``, or ``(ids, spans)``; default:
@@ -309,15 +338,20 @@ def measure(model: Any, lengths: list[int], layers: list[int], device: str, repe
         ids, spans = made if isinstance(made, tuple) else (made, random_inputs(config.vocab_size, device)(length)[1])
         captured: dict[str, Any] = {}
 
-        def plain() -> None:
+        def plain(ids: Any = ids) -> None:
             with torch.inference_mode():
                 model(input_ids=ids, use_cache=False, logits_to_keep=1)
 
-        def capture_with(path: str, per_head: bool = False) -> Callable[[], None]:
+        def capture_with(
+            path: str, per_head: bool = False, ids: Any = ids, spans: Any = spans, captured: dict[str, Any] = captured
+        ) -> Callable[[], None]:
             def run() -> None:
-                with AttentionShareCapture(model, layers=layers, spans=spans, budget_bytes=budget, path=path, per_head=per_head) as cap:
+                with AttentionShareCapture(
+                    model, layers=layers, spans=spans, budget_bytes=budget, path=path, per_head=per_head
+                ) as cap:
                     captured[path] = cap.forward(ids, stop_early=False)
                     captured[f"{path} paths"] = dict(cap.paths)
+
             return run
 
         runs = {"plain": plain, "capture": capture_with("auto")}
@@ -327,32 +361,49 @@ def measure(model: Any, lengths: list[int], layers: list[int], device: str, repe
         (t_plain, m_plain), (t_cap, m_cap) = measured["plain"], measured["capture"]
         mib = lambda b: None if b is None else b / (1 << 20)  # noqa: E731
         row: dict[str, Any] = {
-            "tokens": length, "spans": [list(s) for s in spans], "plain_s": t_plain, "capture_s": t_cap,
-            "capture_over_plain_time": t_cap / t_plain, "plain_peak_mib": mib(m_plain), "capture_peak_mib": mib(m_cap),
+            "tokens": length,
+            "spans": [list(s) for s in spans],
+            "plain_s": t_plain,
+            "capture_s": t_cap,
+            "capture_over_plain_time": t_cap / t_plain,
+            "plain_peak_mib": mib(m_plain),
+            "capture_peak_mib": mib(m_cap),
             "capture_paths": {str(k): v for k, v in captured["auto paths"].items()},
-            "eager_s": None, "eager_peak_mib": None, "eager_over_capture_memory": None, "eager_over_capture_time": None,
-            "max_abs_diff_vs_eager": None, "max_abs_diff_per_head_vs_eager": None,
+            "eager_s": None,
+            "eager_peak_mib": None,
+            "eager_over_capture_memory": None,
+            "eager_over_capture_time": None,
+            "max_abs_diff_vs_eager": None,
+            "max_abs_diff_per_head_vs_eager": None,
         }
         if fallback:
-            row.update(fallback_s=measured["fallback"][0], fallback_peak_mib=mib(measured["fallback"][1]),
-                       fallback_over_plain_time=measured["fallback"][0] / t_plain)
+            row.update(
+                fallback_s=measured["fallback"][0],
+                fallback_peak_mib=mib(measured["fallback"][1]),
+                fallback_over_plain_time=measured["fallback"][0] / t_plain,
+            )
         # One layer's scores and probabilities at a time: what eager holds at its peak beyond a plain forward.
         eager_bytes = 2 * heads * length * length * element
         row["eager_layer_bytes"] = eager_bytes
         if eager and eager_bytes <= eager_max_gib * (1 << 30):
             reference: dict[int, torch.Tensor] = {}
 
-            def run_eager() -> None:
+            def run_eager(ids: Any = ids, spans: Any = spans, reference: dict[int, torch.Tensor] = reference) -> None:
                 with EagerAtLayers(model, layers, spans) as eager_run, torch.inference_mode():
                     model(input_ids=ids, use_cache=False, logits_to_keep=1)
                 reference.update(eager_run.shares)
 
-            (t_eager, m_eager), = interleaved({"eager": run_eager}, device, repeats).values()
+            ((t_eager, m_eager),) = interleaved({"eager": run_eager}, device, repeats).values()
             capture_with("auto", per_head=True)()  # untimed: per-head values for the comparison
             diffs = [_diff(captured["auto"][layer], reference[layer]) for layer in layers]
-            row.update(eager_s=t_eager, eager_peak_mib=mib(m_eager), eager_over_capture_time=t_eager / t_cap,
-                       eager_over_capture_memory=(m_eager / m_cap) if m_cap > 0 else None,
-                       max_abs_diff_vs_eager=max(d[0] for d in diffs), max_abs_diff_per_head_vs_eager=max(d[1] for d in diffs))
+            row.update(
+                eager_s=t_eager,
+                eager_peak_mib=mib(m_eager),
+                eager_over_capture_time=t_eager / t_cap,
+                eager_over_capture_memory=(m_eager / m_cap) if m_cap > 0 else None,
+                max_abs_diff_vs_eager=max(d[0] for d in diffs),
+                max_abs_diff_per_head_vs_eager=max(d[1] for d in diffs),
+            )
             if fallback:
                 capture_with("fallback", per_head=True)()
                 fallback_diffs = [_diff(captured["fallback"][layer], reference[layer]) for layer in layers]
@@ -365,7 +416,9 @@ def _diff(shares: Any, eager_per_head: torch.Tensor) -> tuple[float, float]:
     """(head mean, per head) largest |capture - eager|."""
     eager_per_head = eager_per_head.float().cpu()
     mean = float((shares.mean.float().cpu() - eager_per_head.mean(dim=1)).abs().max())
-    per_head = float((shares.per_head.float().cpu() - eager_per_head).abs().max()) if shares.per_head is not None else mean
+    per_head = (
+        float((shares.per_head.float().cpu() - eager_per_head).abs().max()) if shares.per_head is not None else mean
+    )
     return mean, per_head
 
 
@@ -374,9 +427,14 @@ def _diff(shares: Any, eager_per_head: torch.Tensor) -> tuple[float, float]:
 
 def print_rows(rows: list[dict[str, Any]], header: bool = True) -> None:
     fallback = any("fallback_s" in row for row in rows)
-    line = (f"{'T':>6} {'plain s':>8} {'capture s':>9} " + (f"{'fallback s':>10} " if fallback else "")
-              + f"{'eager s':>8} {'cap/plain t':>11} " + (f"{'fb/plain t':>10} " if fallback else "")
-              + f"{'plain MiB':>9} {'capture MiB':>11} {'eager MiB':>9} {'eager/cap mem':>13} {'max|diff|':>9} {'per head':>9}")
+    line = (
+        f"{'T':>6} {'plain s':>8} {'capture s':>9} "
+        + (f"{'fallback s':>10} " if fallback else "")
+        + f"{'eager s':>8} {'cap/plain t':>11} "
+        + (f"{'fb/plain t':>10} " if fallback else "")
+        + f"{'plain MiB':>9} {'capture MiB':>11} {'eager MiB':>9} {'eager/cap mem':>13} "
+        f"{'max|diff|':>9} {'per head':>9}"
+    )
     if header:
         print(line)
     for row in rows:
@@ -384,13 +442,16 @@ def print_rows(rows: list[dict[str, Any]], header: bool = True) -> None:
         mib = lambda b: "-" if b is None else f"{b:.0f}"  # noqa: E731
         ratio = lambda r: "-" if r is None else f"{r:.3f}"  # noqa: E731
         sci = lambda d: "-" if d is None else f"{d:.1e}"  # noqa: E731
-        print(f"{row['tokens']:>6} {secs(row['plain_s']):>8} {secs(row['capture_s']):>9} "
-              + (f"{secs(row.get('fallback_s')):>10} " if fallback else "")
-              + f"{secs(row['eager_s']):>8} {ratio(row['capture_over_plain_time']):>11} "
-              + (f"{ratio(row.get('fallback_over_plain_time')):>10} " if fallback else "")
-              + f"{mib(row['plain_peak_mib']):>9} {mib(row['capture_peak_mib']):>11} {mib(row['eager_peak_mib']):>9} "
-              f"{ratio(row['eager_over_capture_memory']):>13} {sci(row['max_abs_diff_vs_eager']):>9} "
-              f"{sci(row['max_abs_diff_per_head_vs_eager']):>9}", flush=True)
+        print(
+            f"{row['tokens']:>6} {secs(row['plain_s']):>8} {secs(row['capture_s']):>9} "
+            + (f"{secs(row.get('fallback_s')):>10} " if fallback else "")
+            + f"{secs(row['eager_s']):>8} {ratio(row['capture_over_plain_time']):>11} "
+            + (f"{ratio(row.get('fallback_over_plain_time')):>10} " if fallback else "")
+            + f"{mib(row['plain_peak_mib']):>9} {mib(row['capture_peak_mib']):>11} {mib(row['eager_peak_mib']):>9} "
+            f"{ratio(row['eager_over_capture_memory']):>13} {sci(row['max_abs_diff_vs_eager']):>9} "
+            f"{sci(row['max_abs_diff_per_head_vs_eager']):>9}",
+            flush=True,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -405,21 +466,43 @@ def main(argv: list[str] | None = None) -> int:
     input_ids_for = None
     if tokenizer is not None:
         input_ids_for = sysbench_inputs(tokenizer, Path(args.data), args.session, args.device)
-        source = f"SysBench session {args.session} of {args.data} (and later sessions' turns), through the chat template"
-    print(f"model {args.model}: {n_layers} layers, {config.num_attention_heads} heads / {config.num_key_value_heads} KV heads, "
-          f"{str(dtype).replace('torch.', '')}, device {args.device}, capture layers {layers}, threads {torch.get_num_threads()}, "
-          f"{len(attention_modules(model))} attention modules; input: {source}", flush=True)
+        source = (
+            f"SysBench session {args.session} of {args.data} (and later sessions' turns), through the chat template"
+        )
+    print(
+        f"model {args.model}: {n_layers} layers, {config.num_attention_heads} heads / "
+        f"{config.num_key_value_heads} KV heads, "
+        f"{str(dtype).replace('torch.', '')}, device {args.device}, capture layers {layers}, "
+        f"threads {torch.get_num_threads()}, "
+        f"{len(attention_modules(model))} attention modules; input: {source}",
+        flush=True,
+    )
     rows = []
     for length in lengths:  # one length at a time, so each row prints as soon as it is measured
-        rows += measure(model, [length], layers, args.device, repeats=args.repeats, eager=not args.no_eager,
-                        eager_max_gib=args.eager_max_gib, chunk_mib=args.chunk_mib, input_ids_for=input_ids_for,
-                        fallback=args.fallback)
+        rows += measure(
+            model,
+            [length],
+            layers,
+            args.device,
+            repeats=args.repeats,
+            eager=not args.no_eager,
+            eager_max_gib=args.eager_max_gib,
+            chunk_mib=args.chunk_mib,
+            input_ids_for=input_ids_for,
+            fallback=args.fallback,
+        )
         print_rows(rows[-1:], header=len(rows) == 1)
     for row in rows:
         print(f"T={row['tokens']}: spans {row['spans']}, capture paths {row['capture_paths']}")
     if args.json:
-        report = {"args": vars(args), "dtype": str(dtype).replace("torch.", ""), "layers": layers, "torch": torch.__version__,
-                  "threads": torch.get_num_threads(), "rows": rows}
+        report = {
+            "args": vars(args),
+            "dtype": str(dtype).replace("torch.", ""),
+            "layers": layers,
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "rows": rows,
+        }
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 0
 

@@ -31,23 +31,32 @@ import functools
 import json
 import statistics
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 
 def _plan_key(name: str) -> str:
     return name.replace(" ", "_").replace("-", "_")
 
 
-def measure_layer(query: Any, key: Any, value: Any, spans: list[tuple[int, int]], plans: Mapping[str, str],
-                  budget_bytes: int, repeats: int) -> dict[str, Any]:
+def measure_layer(
+    query: Any,
+    key: Any,
+    value: Any,
+    spans: list[tuple[int, int]],
+    plans: Mapping[str, str],
+    budget_bytes: int,
+    repeats: int,
+) -> dict[str, Any]:
     """Median seconds of one captured layer's pieces: ``kernel_s`` (the LSE kernel the layer calls
     anyway) and, for each named plan (a ``plan_chunks`` device type), ``kernel_lse_s_<plan>`` and
     ``fallback_s_<plan>`` with the chunk lengths used in ``plan_<plan>``. Every run once untimed,
     then all of them interleaved over ``repeats``, so a change of load hits them alike."""
     import torch
 
+    from sysbench_gpu.attention.chunks import plan_chunks
     from sysbench_gpu.attention.kernels import KernelInputs, choose_kernel
-    from sysbench_gpu.attention.span_math import plan_chunks, span_share, span_share_given_lse
+    from sysbench_gpu.attention.span_math import span_share, span_share_given_lse
 
     choice = choose_kernel(query, key, value, None, "sdpa")
     if choice.function is None:
@@ -60,11 +69,16 @@ def measure_layer(query: Any, key: Any, value: Any, spans: list[tuple[int, int]]
     for name, plan_device in plans.items():
         given = plan_chunks(1, query.shape[1], tokens, spans[-1][1], budget_bytes, device_type=plan_device)
         full = plan_chunks(1, query.shape[1], tokens, tokens, budget_bytes, device_type=plan_device)
-        result[f"plan_{_plan_key(name)}"] = {"lse": [given.q_chunk, given.k_chunk], "fallback": [full.q_chunk, full.k_chunk]}
+        result[f"plan_{_plan_key(name)}"] = {
+            "lse": [given.q_chunk, given.k_chunk],
+            "fallback": [full.q_chunk, full.k_chunk],
+        }
         runs[f"kernel_lse_s_{_plan_key(name)}"] = functools.partial(
-            span_share_given_lse, query, key, spans, lse, q_chunk=given.q_chunk, k_chunk=given.k_chunk)
+            span_share_given_lse, query, key, spans, lse, q_chunk=given.q_chunk, k_chunk=given.k_chunk
+        )
         runs[f"fallback_s_{_plan_key(name)}"] = functools.partial(
-            span_share, query, key, spans, q_chunk=full.q_chunk, k_chunk=full.k_chunk)
+            span_share, query, key, spans, q_chunk=full.q_chunk, k_chunk=full.k_chunk
+        )
     sync = torch.cuda.synchronize if query.device.type == "cuda" else (lambda: None)
     times: dict[str, list[float]] = {name: [] for name in runs}
     for run in runs.values():
@@ -104,20 +118,30 @@ def main(argv: list[str] | None = None) -> int:
     generator = torch.Generator(device="cpu").manual_seed(0)
     plans = {"stage plan": device.type, **({"budget-only plan": "cuda"} if device.type == "cpu" else {})}
     rows = []
-    header = f"{'T':>6} {'kernel s':>9}" + "".join(f"  {'lse, ' + name:>18}  {'fallback, ' + name:>18}" for name in plans)
-    print(f"heads {args.heads} over {args.kv_heads}, head dim {args.head_dim}, span keys 3..{args.span}, "
-          f"{dtype}, device {device}, median of {args.repeats}; extras as a multiple of the kernel's time")
+    header = f"{'T':>6} {'kernel s':>9}" + "".join(
+        f"  {'lse, ' + name:>18}  {'fallback, ' + name:>18}" for name in plans
+    )
+    print(
+        f"heads {args.heads} over {args.kv_heads}, head dim {args.head_dim}, span keys 3..{args.span}, "
+        f"{dtype}, device {device}, median of {args.repeats}; extras as a multiple of the kernel's time"
+    )
     print(header)
     for tokens in (int(x) for x in args.lengths.split(",")):
-        def randn(heads: int) -> "torch.Tensor":
+
+        def randn(heads: int, tokens: int = tokens) -> torch.Tensor:
             return torch.randn(1, heads, tokens, args.head_dim, generator=generator).to(device, dtype)
 
         query, key, value = randn(args.heads), randn(args.kv_heads), randn(args.kv_heads)
-        row = measure_layer(query, key, value, [(0, 3), (3, min(args.span, tokens))], plans, args.budget_mib << 20, args.repeats)
+        row = measure_layer(
+            query, key, value, [(0, 3), (3, min(args.span, tokens))], plans, args.budget_mib << 20, args.repeats
+        )
         line = f"{tokens:>6} {row['kernel_s']:9.3f}"
         for name in plans:
             lse_s, fallback_s = row[f"kernel_lse_s_{_plan_key(name)}"], row[f"fallback_s_{_plan_key(name)}"]
-            line += f"  {_cell(lse_s, row['kernel_s']):>{max(18, len(name) + 5)}}  {_cell(fallback_s, row['kernel_s']):>{max(18, len(name) + 10)}}"
+            line += (
+                f"  {_cell(lse_s, row['kernel_s']):>{max(18, len(name) + 5)}}"
+                f"  {_cell(fallback_s, row['kernel_s']):>{max(18, len(name) + 10)}}"
+            )
         print(line, flush=True)
         rows.append(row)
     if args.json:

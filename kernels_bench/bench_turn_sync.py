@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from sysbench_gpu.benchmarks.base import load_dataset  # noqa: E402
+from sysbench_gpu.benchmarks.registry import load_dataset
 from sysbench_gpu.core.messages import conversation_for_turn
 from sysbench_gpu.core.sessions import Session  # noqa: E402
 from sysbench_gpu.engines.base import SamplingSpec  # noqa: E402
@@ -61,8 +61,13 @@ def turn_synchronous(engine, sessions: list[Session], turns: int, sampling: Samp
         prompt += sum(c.prompt_tokens for c in completions)
         for i, completion in enumerate(completions):
             replies[i][turn] = completion.text
-    return {"wall": time.perf_counter() - start, "output": output, "prompt": prompt, "per_turn": per_turn,
-            "requests": len(sessions) * turns}
+    return {
+        "wall": time.perf_counter() - start,
+        "output": output,
+        "prompt": prompt,
+        "per_turn": per_turn,
+        "requests": len(sessions) * turns,
+    }
 
 
 def one_session_at_a_time(engine, sessions: list[Session], turns: int, sampling: SamplingSpec) -> dict:
@@ -103,21 +108,31 @@ def compare(engine, sessions: list[Session], turns: int, max_tokens: int) -> dic
         "turn_sync_tok_s": round(batched["output"] / batched["wall"], 1),
         "sequential_tok_s": round(sequential["output"] / sequential["wall"], 1),
         "sequential_over_turn_sync_time": round(sequential["wall"] / batched["wall"], 2),
-        "per_turn": [{"turn": t, "wall_s": round(w, 3), "output_tokens": o, "prompt_tokens": p}
-                     for t, w, o, p in batched["per_turn"]],
+        "per_turn": [
+            {"turn": t, "wall_s": round(w, 3), "output_tokens": o, "prompt_tokens": p}
+            for t, w, o, p in batched["per_turn"]
+        ],
     }
 
 
 def print_comparison(row: dict) -> None:
     for turn in row["per_turn"]:
-        print(f"  (a) turn {turn['turn']}: {row['sessions']} requests, {turn['prompt_tokens']} prompt tokens, "
-              f"{turn['output_tokens']} output tokens, {turn['wall_s']:.2f} s, "
-              f"{turn['output_tokens'] / turn['wall_s']:.1f} output tok/s")
-    for label, wall, rate in (("(a) turn-synchronous", row["turn_sync_s"], row["turn_sync_tok_s"]),
-                              ("(b) one session at a time", row["sequential_s"], row["sequential_tok_s"])):
-        print(f"{label:27s} wall {wall:8.2f} s  requests {row['requests']:4d}  output tokens "
-              f"{row['output_tokens']:6d}  {rate:7.1f} tok/s")
-    print(f"ratio (b)/(a) wall time: {row['sequential_over_turn_sync_time']:.2f}x  (load at end {os.getloadavg()[0]:.1f})")
+        print(
+            f"  (a) turn {turn['turn']}: {row['sessions']} requests, {turn['prompt_tokens']} prompt tokens, "
+            f"{turn['output_tokens']} output tokens, {turn['wall_s']:.2f} s, "
+            f"{turn['output_tokens'] / turn['wall_s']:.1f} output tok/s"
+        )
+    for label, wall, rate in (
+        ("(a) turn-synchronous", row["turn_sync_s"], row["turn_sync_tok_s"]),
+        ("(b) one session at a time", row["sequential_s"], row["sequential_tok_s"]),
+    ):
+        print(
+            f"{label:27s} wall {wall:8.2f} s  requests {row['requests']:4d}  output tokens "
+            f"{row['output_tokens']:6d}  {rate:7.1f} tok/s"
+        )
+    print(
+        f"ratio (b)/(a) wall time: {row['sequential_over_turn_sync_time']:.2f}x  (load at end {os.getloadavg()[0]:.1f})"
+    )
 
 
 def main() -> int:
@@ -141,8 +156,10 @@ def main() -> int:
     source, sessions = pick_sessions(args.data, args.sessions, args.turns)
     engine = HFEngine(args.model, device=args.device, batch_size=args.batch_size, ignore_eos=True)
     print(f"data {source}: {len(sessions)} sessions x {args.turns} turns x {args.max_tokens} tokens (eos ignored)")
-    print(f"engine hf, model {args.model}, device {engine.input_device}, dtype {engine.dtype_name}, "
-          f"batch size {args.batch_size}, torch threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.1f}")
+    print(
+        f"engine hf, model {args.model}, device {engine.input_device}, dtype {engine.dtype_name}, "
+        f"batch size {args.batch_size}, torch threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.1f}"
+    )
     print_comparison(compare(engine, sessions, args.turns, args.max_tokens))
     engine.close()
     return 0

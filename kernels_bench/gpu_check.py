@@ -38,8 +38,9 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -50,14 +51,29 @@ sys.path.insert(0, str(BENCH_DIR))
 # (sysbench_gpu/model_configs.json, which the roofline also reads); the RoPE and norm
 # fields it does not hold are added here, as published in the same config.json files.
 MODELS = ("qwen2-7b", "llama-3.1-8b")
-SHAPE_FIELDS = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
-                "intermediate_size", "vocab_size", "tie_word_embeddings")
+SHAPE_FIELDS = (
+    "model_type",
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+    "tie_word_embeddings",
+)
 ROPE_AND_NORM: dict[str, dict[str, Any]] = {
     "qwen2-7b": {"rope_theta": 1000000.0, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6},
     "llama-3.1-8b": {
-        "rope_theta": 500000.0, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
-        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 8192},
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
     },
 }
 FULL_LENGTHS = [2048, 4096, 8192, 16384, 32768]
@@ -73,8 +89,9 @@ MEASURE_CONTRACT = ("model", "lengths", "layers", "device")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
     parser.add_argument("--quick", action="store_true", help="scaled-down shapes and short sequences")
     parser.add_argument("--json", help="write the results to this JSON file")
@@ -86,8 +103,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--turns", type=int, help="generation: turns per session (default 3; --quick 2)")
     parser.add_argument("--max-tokens", type=int, help="generation: tokens per reply (default 64; --quick 8)")
     parser.add_argument("--skip-tests", action="store_true", help="do not run the gpu-marked tests")
-    parser.add_argument("--attention-measure", default=DEFAULT_MEASURE, metavar="MODULE:FUNCTION",
-                        help=f"the attention measurement to call (default {DEFAULT_MEASURE})")
+    parser.add_argument(
+        "--attention-measure",
+        default=DEFAULT_MEASURE,
+        metavar="MODULE:FUNCTION",
+        help=f"the attention measurement to call (default {DEFAULT_MEASURE})",
+    )
     return parser.parse_args(argv)
 
 
@@ -111,9 +132,14 @@ def model_config(name: str, scaled: bool) -> dict[str, Any]:
         heads = kv_heads * groups
         hidden = heads * SCALED_HEAD_DIM
         ratio = config["intermediate_size"] / config["hidden_size"]
-        config.update(num_hidden_layers=SCALED_LAYERS, hidden_size=hidden, num_attention_heads=heads,
-                      num_key_value_heads=kv_heads, intermediate_size=int(hidden * ratio) // 8 * 8,
-                      vocab_size=SCALED_VOCAB)
+        config.update(
+            num_hidden_layers=SCALED_LAYERS,
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            intermediate_size=int(hidden * ratio) // 8 * 8,
+            vocab_size=SCALED_VOCAB,
+        )
     return config
 
 
@@ -141,8 +167,12 @@ def offline_tokenizer(texts: list[str]) -> Any:
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=TOKENIZER_VOCAB, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB,
+        special_tokens=specials,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     core.train_from_iterator(texts, trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<pad>")
     tokenizer.chat_template = CHAT_TEMPLATE
@@ -176,14 +206,26 @@ def run_gpu_tests(device: str) -> dict[str, Any]:
     if ":" in device:
         env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"],
-                            cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     lines = (result.stdout + result.stderr).strip().splitlines()
     summary = next((line for line in reversed(lines) if re.search(r"\d+ (passed|failed|skipped|error)", line)), "")
-    counts = {kind: int(number) for number, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", summary)}
-    return {"status": "passed" if result.returncode == 0 else "failed", "returncode": result.returncode,
-            "summary": summary.strip("= "), "counts": counts, "wall_s": round(time.perf_counter() - started, 1),
-            "tail": lines[-30:] if result.returncode else []}
+    counts = {
+        kind: int(number) for number, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", summary)
+    }
+    return {
+        "status": "passed" if result.returncode == 0 else "failed",
+        "returncode": result.returncode,
+        "summary": summary.strip("= "),
+        "counts": counts,
+        "wall_s": round(time.perf_counter() - started, 1),
+        "tail": lines[-30:] if result.returncode else [],
+    }
 
 
 def capture_layers(config: dict[str, Any]) -> list[int]:
@@ -250,8 +292,8 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
         "attention": [],
         "generation": [],
     }
-    print(f"gpu tests: {report['gpu_tests'].get('summary') or report['gpu_tests'].get('reason') or report['gpu_tests']['status']}",
-          flush=True)
+    gpu_tests = report["gpu_tests"]
+    print(f"gpu tests: {gpu_tests.get('summary') or gpu_tests.get('reason') or gpu_tests['status']}", flush=True)
     _, sessions = pick_sessions(None, sessions_count, turns)
     texts = [s.system_prompt for s in sessions] + [t.user for s in sessions for t in s.turns]
     tokenizer = offline_tokenizer(texts)
@@ -261,20 +303,25 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
         started = time.perf_counter()
         model = build_model(config, device, dtype)
         params = sum(p.numel() for p in model.parameters())
-        print(f"\n{name}: {params / 1e6:,.1f}M parameters, {report['dtype']} on {device}, built in "
-              f"{time.perf_counter() - started:.1f} s", flush=True)
+        print(
+            f"\n{name}: {params / 1e6:,.1f}M parameters, {report['dtype']} on {device}, built in "
+            f"{time.perf_counter() - started:.1f} s",
+            flush=True,
+        )
         layers = capture_layers(config)
         usable = fits(config, lengths)
-        rows = measure(model, usable, layers, device, repeats=repeats, eager=True,
-                       eager_max_gib=args.eager_max_gib, chunk_mib=32)
+        rows = measure(
+            model, usable, layers, device, repeats=repeats, eager=True, eager_max_gib=args.eager_max_gib, chunk_mib=32
+        )
         for row in rows:
             report["attention"].append({"model": name, "layers": layers, **row})
         release(device)
 
         engine = HFEngine.from_model(model, tokenizer, name=name, batch_size=len(sessions), ignore_eos=True)
         row = compare(engine, sessions, turns, max_tokens)
-        report["generation"].append({"model": name, **{k: v for k, v in row.items() if k != "per_turn"},
-                                     "per_turn": row["per_turn"]})
+        report["generation"].append(
+            {"model": name, **{k: v for k, v in row.items() if k != "per_turn"}, "per_turn": row["per_turn"]}
+        )
         del engine, model
         release(device)
     return report
@@ -292,27 +339,38 @@ def _fmt(value: Any, spec: str = ".2f") -> str:
 
 
 def print_tables(report: dict[str, Any]) -> None:
-    print(f"\ndevice {report['device']} ({report['device_name']}), torch {report['torch']}, "
-          f"transformers {report['transformers']}, {report['dtype']}, "
-          f"{'scaled-down shapes' if report['scaled_shapes'] else 'full shapes'}")
-    print(f"gpu tests: {report['gpu_tests'].get('summary') or report['gpu_tests'].get('reason') or report['gpu_tests']['status']}")
+    print(
+        f"\ndevice {report['device']} ({report['device_name']}), torch {report['torch']}, "
+        f"transformers {report['transformers']}, {report['dtype']}, "
+        f"{'scaled-down shapes' if report['scaled_shapes'] else 'full shapes'}"
+    )
+    gpu_tests = report["gpu_tests"]
+    print(f"gpu tests: {gpu_tests.get('summary') or gpu_tests.get('reason') or gpu_tests['status']}")
     print("\nattention capture (time s, peak MiB of the device in use)")
-    header = (f"{'model':<14}{'T':>7}{'plain s':>9}{'capture s':>10}{'eager s':>9}{'cap/plain t':>12}"
-              f"{'plain MiB':>10}{'cap MiB':>9}{'eager MiB':>10}{'eager/cap mem':>14}{'max|diff|':>10}")
+    header = (
+        f"{'model':<14}{'T':>7}{'plain s':>9}{'capture s':>10}{'eager s':>9}{'cap/plain t':>12}"
+        f"{'plain MiB':>10}{'cap MiB':>9}{'eager MiB':>10}{'eager/cap mem':>14}{'max|diff|':>10}"
+    )
     print(header)
     for row in report["attention"]:
-        print(f"{row['model']:<14}{row['tokens']:>7}{_fmt(row.get('plain_s')):>9}{_fmt(row.get('capture_s')):>10}"
-              f"{_fmt(row.get('eager_s')):>9}{_fmt(row.get('capture_over_plain_time')):>12}"
-              f"{_fmt(row.get('plain_peak_mib'), '.0f'):>10}{_fmt(row.get('capture_peak_mib'), '.0f'):>9}"
-              f"{_fmt(row.get('eager_peak_mib'), '.0f'):>10}{_fmt(row.get('eager_over_capture_memory')):>14}"
-              f"{_fmt(row.get('max_abs_diff_vs_eager'), '.1e'):>10}")
+        print(
+            f"{row['model']:<14}{row['tokens']:>7}{_fmt(row.get('plain_s')):>9}{_fmt(row.get('capture_s')):>10}"
+            f"{_fmt(row.get('eager_s')):>9}{_fmt(row.get('capture_over_plain_time')):>12}"
+            f"{_fmt(row.get('plain_peak_mib'), '.0f'):>10}{_fmt(row.get('capture_peak_mib'), '.0f'):>9}"
+            f"{_fmt(row.get('eager_peak_mib'), '.0f'):>10}{_fmt(row.get('eager_over_capture_memory')):>14}"
+            f"{_fmt(row.get('max_abs_diff_vs_eager'), '.1e'):>10}"
+        )
     print("\nhf generation: turn-synchronous (a) vs one session at a time (b), replies forced to max tokens")
-    print(f"{'model':<14}{'sessions':>9}{'turns':>6}{'tokens':>7}{'(a) s':>9}{'(b) s':>9}{'(a) tok/s':>10}"
-          f"{'(b) tok/s':>10}{'(b)/(a)':>8}")
+    print(
+        f"{'model':<14}{'sessions':>9}{'turns':>6}{'tokens':>7}{'(a) s':>9}{'(b) s':>9}{'(a) tok/s':>10}"
+        f"{'(b) tok/s':>10}{'(b)/(a)':>8}"
+    )
     for row in report["generation"]:
-        print(f"{row['model']:<14}{row['sessions']:>9}{row['turns']:>6}{row['max_tokens']:>7}{row['turn_sync_s']:>9.2f}"
-              f"{row['sequential_s']:>9.2f}{row['turn_sync_tok_s']:>10.1f}{row['sequential_tok_s']:>10.1f}"
-              f"{row['sequential_over_turn_sync_time']:>8.2f}")
+        print(
+            f"{row['model']:<14}{row['sessions']:>9}{row['turns']:>6}{row['max_tokens']:>7}{row['turn_sync_s']:>9.2f}"
+            f"{row['sequential_s']:>9.2f}{row['turn_sync_tok_s']:>10.1f}{row['sequential_tok_s']:>10.1f}"
+            f"{row['sequential_over_turn_sync_time']:>8.2f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,6 @@ generic ``cpu`` ceiling.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -45,7 +44,9 @@ def measure(gemm: int, mib: int, repeats: int) -> dict:
     bandwidth = big.numel() * 4 / read_s
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
     return {
-        "description": f"measured CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+        "description": (
+            f"measured CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+        ),
         "peak_flops": flops,
         "memory_bandwidth": bandwidth,
         "memory_bytes": float(memory) if memory else None,
@@ -69,10 +70,14 @@ def main() -> None:
     spec = measure(args.gemm, args.mib, args.repeats)
     write_json_atomic(Path(args.out), spec)
     ceiling = load_device_spec("cpu")
-    print(f"fp32 GEMM       {spec['peak_flops'] / 1e9:10.1f} GFLOP/s   (generic cpu ceiling / measured: "
-          f"{ceiling.peak_flops / spec['peak_flops']:,.0f}x)")
-    print(f"read bandwidth  {spec['memory_bandwidth'] / 1e9:10.1f} GB/s      (generic cpu ceiling / measured: "
-          f"{ceiling.memory_bandwidth / spec['memory_bandwidth']:,.0f}x)")
+    print(
+        f"fp32 GEMM       {spec['peak_flops'] / 1e9:10.1f} GFLOP/s   (generic cpu ceiling / measured: "
+        f"{ceiling.peak_flops / spec['peak_flops']:,.0f}x)"
+    )
+    print(
+        f"read bandwidth  {spec['memory_bandwidth'] / 1e9:10.1f} GB/s      (generic cpu ceiling / measured: "
+        f"{ceiling.memory_bandwidth / spec['memory_bandwidth']:,.0f}x)"
+    )
     print(f"wrote {args.out}")
 
 

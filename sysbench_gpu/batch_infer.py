@@ -15,7 +15,7 @@ from sysbench_gpu.generation.plan import (
     missing_references,
     select_for_reference_history,
 )
-from sysbench_gpu.generation.scheduler import run_generation
+from sysbench_gpu.generation.run import run_generation
 from sysbench_gpu.generation.settings import OVERFLOW_POLICIES, STAGE, GenerateSettings, check_compatible
 
 __all__ = [

@@ -12,7 +12,7 @@ import argparse
 import importlib
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from sysbench_gpu import __version__
 from sysbench_gpu.core.errors import SysbenchError

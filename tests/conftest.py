@@ -50,7 +50,7 @@ def sessions_file(shared_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def dataset(sessions_file: Path):
-    from sysbench_gpu.benchmarks.base import load_dataset
+    from sysbench_gpu.benchmarks.registry import load_dataset
 
     return load_dataset(sessions_file)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from sysbench_gpu.engines.base import Completion, SamplingSpec
 
@@ -19,8 +20,13 @@ class FakeEngine:
     name = "fake"
     model = "fake-model"
 
-    def __init__(self, context: int | None = None, system_role: bool = True, fail_on_call: int | None = None,
-                 is_primary: bool = True) -> None:
+    def __init__(
+        self,
+        context: int | None = None,
+        system_role: bool = True,
+        fail_on_call: int | None = None,
+        is_primary: bool = True,
+    ) -> None:
         self.context = context
         self.system_role = system_role
         self.fail_on_call = fail_on_call
@@ -28,8 +34,12 @@ class FakeEngine:
         self.calls: list[list[list[dict[str, str]]]] = []
         self.session_keys: list[list[str]] = []  # per call, as the scheduler passed them (replica placement)
 
-    def chat(self, conversations: Sequence[Sequence[dict[str, str]]], sampling: SamplingSpec,
-             session_keys: Sequence[str] | None = None) -> list[Completion]:
+    def chat(
+        self,
+        conversations: Sequence[Sequence[dict[str, str]]],
+        sampling: SamplingSpec,
+        session_keys: Sequence[str] | None = None,
+    ) -> list[Completion]:
         if self.fail_on_call is not None and len(self.calls) + 1 == self.fail_on_call:
             raise Interrupted
         self.calls.append([list(c) for c in conversations])
@@ -39,8 +49,14 @@ class FakeEngine:
             digest = hashlib.sha1(json.dumps(conversation, sort_keys=True).encode()).hexdigest()[:10]
             users = sum(m["role"] == "user" for m in conversation)
             text = f"reply {users} [{digest}] max={sampling.max_tokens}"
-            out.append(Completion(text=text, prompt_tokens=self.count_prompt_tokens(conversation),
-                                  output_tokens=4, finish_reason="stop" if users % 2 else "length"))
+            out.append(
+                Completion(
+                    text=text,
+                    prompt_tokens=self.count_prompt_tokens(conversation),
+                    output_tokens=4,
+                    finish_reason="stop" if users % 2 else "length",
+                )
+            )
         return out
 
     def count_prompt_tokens(self, conversation: Sequence[dict[str, str]]) -> int:

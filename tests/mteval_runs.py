@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
-from sysbench_gpu.benchmarks.base import load_dataset, save_run_sessions
+from sysbench_gpu.benchmarks.registry import load_dataset, save_run_sessions
 from sysbench_gpu.core.records import GenerationRecord
 from sysbench_gpu.core.rundir import RunDir
 
@@ -91,7 +92,9 @@ class ScoreMarkerJudge:
         out = []
         for conversation in conversations:
             score = int(re.findall(r"SCORE(\d+)", conversation[-1]["content"])[-1])
-            out.append(Completion(json.dumps({"rationale": "as marked", "score": score}), 100, 10, finish_reason="stop"))
+            out.append(
+                Completion(json.dumps({"rationale": "as marked", "score": score}), 100, 10, finish_reason="stop")
+            )
         return out
 
     def count_prompt_tokens(self, conversation):

@@ -22,8 +22,9 @@ def _session(system_id: int, references: list[str | None]) -> Session:
         Turn(index=i, user=f"s{system_id}u{i}", reference=ref, alignment="aligned", constraints=constraint)
         for i, ref in enumerate(references, start=1)
     )
-    return Session(system_id=system_id, system_prompt=f"system {system_id}", turns=turns, dependent=True,
-                   domain=None, scene=None)
+    return Session(
+        system_id=system_id, system_prompt=f"system {system_id}", turns=turns, dependent=True, domain=None, scene=None
+    )
 
 
 # Like the shared file: references for turns 1-2 only (turn 3 null); session 4 has none at all.
@@ -43,7 +44,9 @@ def test_single_turn_sees_system_and_its_own_user_message_only() -> None:
     session = SESSIONS[0]
     assert single_turn_conversation(session, 3) == [_m("system", "system 1"), _m("user", "s1u3")]
     assert ablation_conversation(session, 2, {1: "ignored"}, single_turn=True) == [
-        _m("system", "system 1"), _m("user", "s1u2")]
+        _m("system", "system 1"),
+        _m("user", "s1u2"),
+    ]
 
 
 def test_pool_keeps_only_turns_with_a_reference() -> None:
@@ -60,16 +63,21 @@ def test_two_distractors_go_between_system_message_and_turn_one() -> None:
     assert [(e.system_id, e.turn) for e in chosen] == [(3, 1), (2, 2)]  # two other sessions, never its own
     assert ablation_conversation(SESSIONS[0], 1, {}, distractors=chosen) == [
         _m("system", "system 1"),
-        _m("user", "s3u1"), _m("assistant", "s3r1"),
-        _m("user", "s2u2"), _m("assistant", "s2r2"),
+        _m("user", "s3u1"),
+        _m("assistant", "s3r1"),
+        _m("user", "s2u2"),
+        _m("assistant", "s2r2"),
         _m("user", "s1u1"),
     ]
     # With history, the session's own turns follow the distractors.
     assert ablation_conversation(SESSIONS[0], 2, {1: "model reply"}, distractors=chosen) == [
         _m("system", "system 1"),
-        _m("user", "s3u1"), _m("assistant", "s3r1"),
-        _m("user", "s2u2"), _m("assistant", "s2r2"),
-        _m("user", "s1u1"), _m("assistant", "model reply"),
+        _m("user", "s3u1"),
+        _m("assistant", "s3r1"),
+        _m("user", "s2u2"),
+        _m("assistant", "s2r2"),
+        _m("user", "s1u1"),
+        _m("assistant", "model reply"),
         _m("user", "s1u2"),
     ]
     # Every turn of a session gets the same exchanges.

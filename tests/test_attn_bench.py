@@ -27,8 +27,15 @@ def bench():
 
 def _tiny_qwen2():
     torch.manual_seed(0)
-    config = transformers.Qwen2Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    config = transformers.Qwen2Config(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     return transformers.Qwen2ForCausalLM(config).eval()
 
 
@@ -37,8 +44,17 @@ def test_measure_rows_have_the_contract_fields(bench):
     rows = bench.measure(model, [40, 77], [2, 3], "cpu", repeats=2, chunk_mib=1, fallback=True)
     assert [row["tokens"] for row in rows] == [40, 77]
     for row in rows:
-        for field in ("plain_s", "capture_s", "eager_s", "fallback_s", "capture_over_plain_time", "eager_over_capture_memory",
-                      "plain_peak_mib", "capture_peak_mib", "eager_peak_mib"):
+        for field in (
+            "plain_s",
+            "capture_s",
+            "eager_s",
+            "fallback_s",
+            "capture_over_plain_time",
+            "eager_over_capture_memory",
+            "plain_peak_mib",
+            "capture_peak_mib",
+            "eager_peak_mib",
+        ):
             assert row[field] is not None, field
         assert row["capture_over_plain_time"] == pytest.approx(row["capture_s"] / row["plain_s"])
         assert row["max_abs_diff_vs_eager"] < 1e-5 and row["max_abs_diff_per_head_vs_eager"] < 1e-5
@@ -82,7 +98,8 @@ def test_sysbench_inputs_are_a_real_session_cut_at_the_length(bench, smollm2_pat
 
 
 def test_peak_memory_reads_the_device_it_is_given(bench, monkeypatch):
-    """Issue 8 item 5: statistics come from the given GPU, not from the current one (checked with a stand-in allocator)."""
+    """Issue 8 item 5: statistics come from the given GPU, not from the current one
+    (checked with a stand-in allocator)."""
     calls = []
     allocated = {1: 100}
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -91,7 +108,9 @@ def test_peak_memory_reads_the_device_it_is_given(bench, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device", lambda device: _Nothing())
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append(("reset", device)))
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocated[torch.device(device).index])
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 100 + 4096 * (torch.device(device).index == 1))
+    monkeypatch.setattr(
+        torch.cuda, "max_memory_allocated", lambda device=None: 100 + 4096 * (torch.device(device).index == 1)
+    )
     with bench.PeakMemory("cuda:1") as memory:
         pass
     assert memory.peak == 4096

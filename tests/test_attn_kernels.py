@@ -1,4 +1,5 @@
-"""Kernels that return the row LSE: the CPU kernel against SDPA and a dense log-sum-exp; which kernel is chosen where."""
+"""Kernels that return the row LSE: the CPU kernel against SDPA and a dense log-sum-exp; which kernel is chosen
+where."""
 
 from __future__ import annotations
 
@@ -20,8 +21,11 @@ from sysbench_gpu.attention.kernels import (  # noqa: E402
 def _qkv(heads=6, kv_heads=2, t=37, dim=16, seed=0):
     generator = torch.Generator().manual_seed(seed)
     shape = lambda h: (1, h, t, dim)  # noqa: E731
-    return (torch.randn(*shape(heads), generator=generator), torch.randn(*shape(kv_heads), generator=generator),
-            torch.randn(*shape(kv_heads), generator=generator))
+    return (
+        torch.randn(*shape(heads), generator=generator),
+        torch.randn(*shape(kv_heads), generator=generator),
+        torch.randn(*shape(kv_heads), generator=generator),
+    )
 
 
 def _dense_lse(q, k, scale, visible):
@@ -66,8 +70,11 @@ def test_efficient_kernel_bias_is_padded_to_aligned_rows():
 
 
 def _fake(device="cuda", dtype=torch.bfloat16, heads=8, kv_heads=2, t=10, dim=128):
-    return SimpleNamespace(device=SimpleNamespace(type=device), dtype=dtype, shape=(1, heads, t, dim)), \
-        SimpleNamespace(shape=(1, kv_heads, t, dim)), SimpleNamespace(shape=(1, kv_heads, t, dim))
+    return (
+        SimpleNamespace(device=SimpleNamespace(type=device), dtype=dtype, shape=(1, heads, t, dim)),
+        SimpleNamespace(shape=(1, kv_heads, t, dim)),
+        SimpleNamespace(shape=(1, kv_heads, t, dim)),
+    )
 
 
 @pytest.mark.parametrize(

@@ -56,7 +56,9 @@ def test_tensor_parallel_plan_and_its_refusals():
 
 def _config(heads, kv_heads, plan=True):
     return types.SimpleNamespace(
-        num_attention_heads=heads, num_key_value_heads=kv_heads, model_type="llama",
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        model_type="llama",
         base_model_tp_plan={"layers.*.self_attn.q_proj": "colwise"} if plan else None,
     )
 
@@ -111,7 +113,9 @@ def test_load_model_binds_the_device_before_loading_and_never_copies_through_the
     assert events[0] == ("from_pretrained", {"dtype": "auto", "device_map": "auto"})
 
     events.clear()
-    attn_layout.load_model("smollm2", "float32", plan_load("auto", None, True, Distributed(1, 3, 1), cuda_available=False))
+    attn_layout.load_model(
+        "smollm2", "float32", plan_load("auto", None, True, Distributed(1, 3, 1), cuda_available=False)
+    )
     kwargs = events[0][1]
     assert "device_map" not in kwargs and kwargs["distributed_config"].tp_size == 3
     assert kwargs["distributed_config"].tp_plan == "auto"
@@ -126,7 +130,9 @@ def test_data_parallel_rank_loads_onto_its_own_gpu_only(smollm2_path):
 
     last = torch.cuda.device_count() - 1
     rank = Distributed(rank=last, world=last + 1, local_rank=last)
-    model, _, _ = attn_layout.load_model("smollm2", "bfloat16", plan_load("auto", None, False, rank, cuda_available=True))
+    model, _, _ = attn_layout.load_model(
+        "smollm2", "bfloat16", plan_load("auto", None, False, rank, cuda_available=True)
+    )
     assert torch.cuda.current_device() == last
     assert {str(p.device) for p in model.parameters()} == {f"cuda:{last}"}
     if last > 0:

@@ -1,4 +1,5 @@
-"""The share math: span LSE (kernel-LSE path) and the chunked fallback against a dense softmax; memory; fp32 precision."""
+"""The share math: span LSE (kernel-LSE path) and the chunked fallback against a dense softmax; memory;
+fp32 precision."""
 
 from __future__ import annotations
 
@@ -11,14 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sysbench_gpu.attention.span_math import (  # noqa: E402
-    CPU_BLOCK_BYTES,
-    CPU_MAX_K_CHUNK,
-    ieee_fp32_matmul,
-    plan_chunks,
-    span_share,
-    span_share_given_lse,
-)
+from sysbench_gpu.attention.chunks import CPU_BLOCK_BYTES, CPU_MAX_K_CHUNK, plan_chunks  # noqa: E402 (after importorskip: torch is optional)
+from sysbench_gpu.attention.span_math import ieee_fp32_matmul, span_share, span_share_given_lse  # noqa: E402 (after importorskip: torch is optional)
 from sysbench_gpu.core.errors import SysbenchError  # noqa: E402
 
 TOL = 1e-5
@@ -47,7 +42,9 @@ def naive_shares(q, k, spans, scale, mask_fn=None, softcap=None):
 def kernel_lse_shares(q, k, spans, scale, q_chunk=None, k_chunk=None, mask_fn=None, softcap=None, **kwargs):
     """The kernel-LSE path with LSE_all from a dense reference (standing in for the kernel's)."""
     lse_all = dense_scores(q, k, scale, mask_fn, softcap).logsumexp(-1).float()
-    return span_share_given_lse(q, k, spans, lse_all, scale=scale, q_chunk=q_chunk, k_chunk=k_chunk, softcap=softcap, **kwargs)
+    return span_share_given_lse(
+        q, k, spans, lse_all, scale=scale, q_chunk=q_chunk, k_chunk=k_chunk, softcap=softcap, **kwargs
+    )
 
 
 CHUNKS = [(1, 1), (5, 7), (7, 64), (None, None), (13, 3)]
@@ -128,7 +125,9 @@ def test_per_head_mask_and_shape_errors():
         fn = lambda a, b, w=w: (b <= a) & (a - b < w)  # noqa: E731
         expected.append(naive_shares(q[:, head : head + 1], k[:, head // 2 : head // 2 + 1], [(0, 4)], 0.4, mask_fn=fn))
     expected = torch.cat(expected, dim=1)
-    assert torch.allclose(span_share(q, k, [(0, 4)], scale=0.4, q_chunk=3, k_chunk=4, mask=per_head), expected, atol=TOL)
+    assert torch.allclose(
+        span_share(q, k, [(0, 4)], scale=0.4, q_chunk=3, k_chunk=4, mask=per_head), expected, atol=TOL
+    )
     dense = dense_scores(q, k, 0.4).masked_fill(~per_head, float("-inf")).logsumexp(-1).float()
     got = span_share_given_lse(q, k, [(0, 4)], dense, scale=0.4, q_chunk=3, k_chunk=3, mask=per_head)
     assert torch.allclose(got, expected, atol=TOL)
@@ -147,7 +146,9 @@ def test_plan_chunks_stays_within_budget():
     cpu = plan_chunks(1, 9, 2048, 2048, budget_bytes=256 << 20, device_type="cpu")
     assert cpu.k_chunk == CPU_MAX_K_CHUNK and 4 * 9 * cpu.q_chunk * cpu.k_chunk <= CPU_BLOCK_BYTES
     assert plan_chunks(1, 9, 2048, 2048, budget_bytes=256 << 20) == type(plan)(1024, 2048)  # CUDA: the budget decides
-    assert plan_chunks(1, 9, 2048, 2048, chunk_tokens=64, device_type="cpu") == type(plan)(64, 64)  # the user's choice wins
+    assert plan_chunks(1, 9, 2048, 2048, chunk_tokens=64, device_type="cpu") == type(plan)(
+        64, 64
+    )  # the user's choice wins
     with pytest.raises(SysbenchError):
         plan_chunks(1, 9, 100, 100, chunk_tokens=0)
 
@@ -192,8 +193,13 @@ def test_grouped_query_heads_do_not_copy_the_key_block(which):
     """Issue 8 item 10: the keys are not repeated per query group; the peak stays near the score blocks."""
     if not Path("/proc/self/clear_refs").exists():
         pytest.skip("needs Linux /proc to reset the peak RSS")
-    result = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, which], capture_output=True, text=True, timeout=300,
-                            env={"PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [sys.executable, "-c", _PEAK_SCRIPT, which],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     peak_mib = float(result.stdout.strip().splitlines()[-1])
     # Score block 32 x 16 x 4096 fp32 = 8 MiB (a few live at once); a per-group key copy alone is 256 MiB.

@@ -75,7 +75,9 @@ def test_boundaries_agree_with_the_template(tokenizer, template):
     # Each span holds its text; a token merging text with the template's next characters
     # stays in the span (the template here has no special tokens in this vocabulary).
     for text, span in [(SYSTEM, layout.system)] + [
-        (piece, span) for turn, u, r in zip(TURNS, layout.users, layout.replies) for piece, span in ((turn.user, u), (turn.reply, r))
+        (piece, span)
+        for turn, u, r in zip(TURNS, layout.users, layout.replies, strict=False)
+        for piece, span in ((turn.user, u), (turn.reply, r))
     ]:
         if template == "chatml":
             assert _decode(tokenizer, ids, span).strip() == text.strip()
@@ -91,7 +93,7 @@ def test_boundaries_agree_with_the_template(tokenizer, template):
         assert layout.replies[position][1] <= len(prefix)
         assert start <= layout.replies[position][0] and layout.replies[position][1] <= end
     assert layout.turns[0][0] == layout.system[1] and layout.turns[-1][1] == len(ids)
-    assert all(a[1] == b[0] for a, b in zip(layout.turns, layout.turns[1:]))
+    assert all(a[1] == b[0] for a, b in zip(layout.turns, layout.turns[1:], strict=False))
     lead = _decode(tokenizer, ids, layout.lead)
     assert lead.endswith("system\n") or lead.endswith("system<|end_header_id|>\n\n")
 
@@ -112,7 +114,7 @@ def test_control_puts_the_same_text_under_a_user_role(tokenizer, template):
     assert "<|im_start|>system\n" + SYSTEM not in tokenizer.decode(list(ids))
     # Same replies, same text span length; user 1 follows the joiner inside the same message.
     assert control.system[1] - control.system[0] == system.system[1] - system.system[0]
-    for reply_s, reply_c in zip(system.replies, control.replies):
+    for reply_s, reply_c in zip(system.replies, control.replies, strict=False):
         assert reply_s[1] - reply_s[0] == reply_c[1] - reply_c[0]
     between = _decode(tokenizer, ids, (control.system[1], control.users[0][0]))
     assert between == CONTROL_JOINER

@@ -21,7 +21,7 @@ from sysbench_gpu.attention.analysis import (  # noqa: E402
     turn_shares,
 )
 from sysbench_gpu.attention.store import append_lines, complete_lines  # noqa: E402
-from sysbench_gpu.benchmarks.base import save_run_sessions
+from sysbench_gpu.benchmarks.registry import save_run_sessions
 from sysbench_gpu.cli import main  # noqa: E402
 from sysbench_gpu.core.records import GenerationRecord, JudgmentRecord, Verdict  # noqa: E402
 from sysbench_gpu.core.rundir import RunDir  # noqa: E402
@@ -48,13 +48,18 @@ def run_dir(tmp_path, dataset):
             skipped = session.system_id == sessions[1].system_id and turn.index == 4
             generations.append(
                 GenerationRecord(
-                    system_id=session.system_id, turn=turn.index, user=turn.user,
+                    system_id=session.system_id,
+                    turn=turn.index,
+                    user=turn.user,
                     response=None if skipped else f"好的。第{turn.index}轮：{turn.user[:8]}",
-                    status="skipped" if skipped else "ok", model="smollm2",
+                    status="skipped" if skipped else "ok",
+                    model="smollm2",
                 )
             )
             verdicts = {
-                str(c.id): Verdict(raw="是", value="yes" if (c.id + turn.index + session.system_id) % 3 else "no", type=c.type)
+                str(c.id): Verdict(
+                    raw="是", value="yes" if (c.id + turn.index + session.system_id) % 3 else "no", type=c.type
+                )
                 for c in turn.constraints
             }
             judgments.append(JudgmentRecord(system_id=session.system_id, turn=turn.index, verdicts=verdicts))
@@ -64,8 +69,23 @@ def run_dir(tmp_path, dataset):
 
 
 def _run(run, out, *extra):
-    return main(["attention", str(run.path), "--model", "smollm2", "--out", str(out), "--layers", "1,3",
-                 "--chunk-tokens", "48", "--bootstrap", "50", *extra])
+    return main(
+        [
+            "attention",
+            str(run.path),
+            "--model",
+            "smollm2",
+            "--out",
+            str(out),
+            "--layers",
+            "1,3",
+            "--chunk-tokens",
+            "48",
+            "--bootstrap",
+            "50",
+            *extra,
+        ]
+    )
 
 
 def test_attention_end_to_end_resumes(run_dir, tmp_path, capsys):
@@ -84,7 +104,7 @@ def test_attention_end_to_end_resumes(run_dir, tmp_path, capsys):
     assert shares.shape == (2, len(stored["token_ids"]), 2)
     assert np.all(shares >= 0) and np.all(shares.sum(-1) <= 1 + 1e-5)
     # Every query after the system text sees it; the token right after it gives it a positive share.
-    assert np.all(shares[:, stored["system"][1]:, 1] > 0)
+    assert np.all(shares[:, stored["system"][1] :, 1] > 0)
     short = json.loads(str(np.load(out / "sessions" / f"{sessions[1].system_id:04d}.control.npz")["meta"]))
     assert short["turns_measured"] == [1, 2, 3] and "turn 4" in short["stopped"]
 
@@ -98,20 +118,36 @@ def test_attention_end_to_end_resumes(run_dir, tmp_path, capsys):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["layers"] == [1, 3] and manifest["replies"] == "generations"
     figures = {p.name for p in (out / "figures").iterdir()}
-    assert {"turn_means_layer1.png", "turn_means_layer1.pdf", f"token_shares_{sessions[0].system_id}_layer3.png"} <= figures
+    assert {
+        "turn_means_layer1.png",
+        "turn_means_layer1.pdf",
+        f"token_shares_{sessions[0].system_id}_layer3.png",
+    } <= figures
 
     before = {p: p.stat().st_mtime_ns for p in files}
     assert _run(run, out, "--control") == 0
     assert {p: p.stat().st_mtime_ns for p in sorted((out / "sessions").glob("*.npz"))} == before
     assert len(read_turn_table(out / "turn_shares.jsonl")) == len(rows)
     # A different model into the same directory is refused.
-    assert main(["attention", str(run.path), "--model", "smollm2", "--out", str(out), "--layers", "2", "--no-figures"]) == 2
+    assert (
+        main(["attention", str(run.path), "--model", "smollm2", "--out", str(out), "--layers", "2", "--no-figures"])
+        == 2
+    )
 
 
 def test_ranks_split_sessions_and_rank0_merges(run_dir, tmp_path, monkeypatch):
     run, sessions = run_dir
     out = tmp_path / "attn"
-    common = ["--replies", "reference", "--no-figures", "--per-head", "--store-dtype", "float16", "--sessions", ",".join(str(s.system_id) for s in sessions[:2])]
+    common = [
+        "--replies",
+        "reference",
+        "--no-figures",
+        "--per-head",
+        "--store-dtype",
+        "float16",
+        "--sessions",
+        ",".join(str(s.system_id) for s in sessions[:2]),
+    ]
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     assert _run(run, out, *common) == 0
@@ -127,7 +163,9 @@ def test_ranks_split_sessions_and_rank0_merges(run_dir, tmp_path, monkeypatch):
     assert {(r.system_id, r.turn) for r in rows} == {(s.system_id, t) for s in sessions[:2] for t in (1, 2)}
     analysis = json.loads((out / "analysis.json").read_text())
     assert analysis["n_sessions"] == 2
-    written = main(["attention-plot", str(out), str(out), "--names", "a,b", "--out", str(tmp_path / "fig"), "--layer", "layer3"])
+    written = main(
+        ["attention-plot", str(out), str(out), "--names", "a,b", "--out", str(tmp_path / "fig"), "--layer", "layer3"]
+    )
     assert written == 0 and (tmp_path / "fig" / "turn_means_layer3.pdf").exists()
 
 
@@ -203,7 +241,9 @@ def test_correlation_and_helpers():
             for condition, value in (("system", share), ("control", share - 0.1)):
                 rows.append(TurnShare(sid, condition, 5, "mid", turn, 10, 5, value, value, value, value))
             judgments[(sid, turn)] = JudgmentRecord(
-                sid, turn, {"1": Verdict("是", "yes" if passed else "no", "format"), "2": Verdict("不适用", "other", "style")}
+                sid,
+                turn,
+                {"1": Verdict("是", "yes" if passed else "no", "format"), "2": Verdict("不适用", "other", "style")},
             )
     result = correlate_with_verdicts(rows, judgments, n_boot=100)
     stats = result["layers"]["mid"]["turn_pass"]

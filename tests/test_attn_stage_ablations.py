@@ -26,13 +26,13 @@ from sysbench_gpu.attention.segments import (  # noqa: E402
     build_messages,
     layout_conversation,
 )
-from sysbench_gpu.benchmarks.base import load_dataset  # noqa: E402
+from sysbench_gpu.benchmarks.registry import load_dataset
 from sysbench_gpu.benchmarks.sysbench.schema import session_to_upstream  # noqa: E402
 from sysbench_gpu.cli import main  # noqa: E402
 from sysbench_gpu.core.errors import SysbenchError  # noqa: E402
 from sysbench_gpu.core.rundir import RunDir, write_json_atomic  # noqa: E402
 from sysbench_gpu.engines.base import SamplingSpec  # noqa: E402
-from sysbench_gpu.generation.scheduler import run_generation
+from sysbench_gpu.generation.run import run_generation
 from sysbench_gpu.generation.settings import GenerateSettings
 
 
@@ -48,8 +48,10 @@ def short_data(tmp_path_factory, dataset):
     """The whole shared file with shortened texts (small CPU forwards; the distractor pool stays the whole file)."""
 
     def short(session):
-        turns = tuple(dataclasses.replace(t, user=t.user[:40], reference=None if t.reference is None else t.reference[:50])
-                      for t in session.turns)
+        turns = tuple(
+            dataclasses.replace(t, user=t.user[:40], reference=None if t.reference is None else t.reference[:50])
+            for t in session.turns
+        )
         return dataclasses.replace(session, system_prompt=session.system_prompt[:90], turns=turns)
 
     path = tmp_path_factory.mktemp("data") / "short.json"
@@ -65,8 +67,27 @@ def _generate(data, sessions, run_path: Path, **settings) -> RunDir:
 
 
 def _attention(run: RunDir, out: Path, *extra: str) -> dict[str, np.ndarray]:
-    assert main(["attention", str(run.path), "--model", "smollm2", "--out", str(out), "--layers", "mid", "--limit", "1",
-                 "--no-figures", "--bootstrap", "10", *extra]) == 0
+    assert (
+        main(
+            [
+                "attention",
+                str(run.path),
+                "--model",
+                "smollm2",
+                "--out",
+                str(out),
+                "--layers",
+                "mid",
+                "--limit",
+                "1",
+                "--no-figures",
+                "--bootstrap",
+                "10",
+                *extra,
+            ]
+        )
+        == 0
+    )
     return dict(np.load(next((out / "sessions").glob("*.system.npz"))))
 
 
@@ -95,12 +116,16 @@ def test_single_turn_run_is_one_forward_per_turn(short_data, tokenizer, tmp_path
     assert stored["forwards"].shape == (5, 2) and stored["shares"].shape[:2] == (1, stored["forwards"][-1][1])
     records = run.generations.read()
     plan = _plan(short_data, {"history": "single-turn"})
-    for position, ((start, end), (lead, system)) in enumerate(zip(stored["forwards"], stored["forward_spans"])):
+    for position, ((start, end), (lead, system)) in enumerate(
+        zip(stored["forwards"], stored["forward_spans"], strict=False)
+    ):
         turn = position + 1
         # Each forward is exactly what generation sent for the turn, plus its reply.
         messages = plan.messages(session, turn) + [{"role": "assistant", "content": records[(1, turn)].response}]
-        assert messages[:2] == [{"role": "system", "content": session.system_prompt},
-                                {"role": "user", "content": session.turn(turn).user}]
+        assert messages[:2] == [
+            {"role": "system", "content": session.system_prompt},
+            {"role": "user", "content": session.turn(turn).user},
+        ]
         ids = _ids(tokenizer, messages)
         assert list(stored["token_ids"][start:end]) == ids
         # The system span is the system text where the template puts it: right after the leading tokens.
@@ -131,7 +156,7 @@ def test_distractor_run_puts_the_exchanges_between_system_and_turn_one(short_dat
     assert lead0 == 0 and lead1 == system0 and system1 <= distractors[0][0]
     assert _span_text(tokenizer, messages, ids, (system0, system1)).strip() == session.system_prompt.strip()
     exchanges = plan.distractors(session)
-    for (start, end), exchange in zip(distractors, exchanges):
+    for (start, end), exchange in zip(distractors, exchanges, strict=False):
         covered = _span_text(tokenizer, messages, ids, (start, end))
         assert covered.startswith(exchange.user.strip()) and covered.endswith(exchange.reply.strip())
     # Turn 1 starts after the last exchange; the distractors belong to no turn.
@@ -158,11 +183,16 @@ def test_mteval_conversation_has_context_turns_with_given_sys(tokenizer, tmp_pat
     def turn(user, sys, answered):
         return {"user": user, "sys": sys, "id": user, "do_inference": answered}
 
-    dialogue = {"id": "a", "conv": [turn("Tell me about tea.", "Tea is a drink.", False),
-                                    turn("Summarise it.", "", True),
-                                    turn("And coffee?", "Coffee is a drink too.", False),
-                                    turn("Compare them.", "", True),
-                                    turn("Thanks.", "You are welcome.", False)]}
+    dialogue = {
+        "id": "a",
+        "conv": [
+            turn("Tell me about tea.", "Tea is a drink.", False),
+            turn("Summarise it.", "", True),
+            turn("And coffee?", "Coffee is a drink too.", False),
+            turn("Compare them.", "", True),
+            turn("Thanks.", "You are welcome.", False),
+        ],
+    }
     path = tmp_path / "follow-up_multi.jsonl"
     path.write_text(json.dumps(dialogue) + "\n", encoding="utf-8")
     data = load_dataset(path)
@@ -172,12 +202,17 @@ def test_mteval_conversation_has_context_turns_with_given_sys(tokenizer, tmp_pat
     turns, stop = conversation_turns(session, "generations", records)
     assert stop is None
     # Context turns with their given sys, answered turns with the run's replies; the trailing context turn is dropped.
-    assert [(t.index, t.reply) for t in turns] == [(1, "Tea is a drink."), (2, records[(1, 2)].response),
-                                                   (3, "Coffee is a drink too."), (4, records[(1, 4)].response)]
+    assert [(t.index, t.reply) for t in turns] == [
+        (1, "Tea is a drink."),
+        (2, records[(1, 2)].response),
+        (3, "Coffee is a drink too."),
+        (4, records[(1, 4)].response),
+    ]
     stored = _attention(run, tmp_path / "attn")
     plan = _plan(data, {})
     messages = plan.messages(session, 4, {2: records[(1, 2)].response}) + [
-        {"role": "assistant", "content": records[(1, 4)].response}]
+        {"role": "assistant", "content": records[(1, 4)].response}
+    ]
     assert list(stored["token_ids"]) == _ids(tokenizer, messages)
     assert list(stored["turn_numbers"]) == [1, 2, 3, 4]
     # A run without a system message has nothing to measure: one line.
@@ -187,9 +222,16 @@ def test_mteval_conversation_has_context_turns_with_given_sys(tokenizer, tmp_pat
 
 
 def test_concat_forwards_shifts_spans():
-    part = {"token_ids": np.arange(4), "shares": np.zeros((1, 4, 2)), "spans": np.array([[0, 1], [1, 2]]),
-            "users": np.array([[2, 3]]), "replies": np.array([[3, 4]]), "turns": np.array([[2, 4]]),
-            "turn_numbers": np.array([1]), "distractors": np.zeros((0, 2), dtype=np.int64)}
+    part = {
+        "token_ids": np.arange(4),
+        "shares": np.zeros((1, 4, 2)),
+        "spans": np.array([[0, 1], [1, 2]]),
+        "users": np.array([[2, 3]]),
+        "replies": np.array([[3, 4]]),
+        "turns": np.array([[2, 4]]),
+        "turn_numbers": np.array([1]),
+        "distractors": np.zeros((0, 2), dtype=np.int64),
+    }
     second = {**part, "turn_numbers": np.array([2])}
     out = concat_forwards([part, second])
     assert out["forwards"].tolist() == [[0, 4], [4, 8]] and out["turns"].tolist() == [[2, 4], [6, 8]]

@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from sysbench_gpu.benchmarks.base import save_run_sessions
+from sysbench_gpu.benchmarks.registry import save_run_sessions
 from sysbench_gpu.core.records import GenerationRecord, JudgmentRecord, Verdict  # noqa: E402
 from sysbench_gpu.core.rundir import RunDir  # noqa: E402
 
@@ -31,19 +31,44 @@ TOLERANCE = 1e-4
 KERNEL_PATH = "kernel-lse (torch-cpu-flash)"
 
 
-def torchrun_attention(run_dir: Path, out: Path, nproc: int, *extra: str, timeout: float = 400) -> subprocess.CompletedProcess:
+def torchrun_attention(
+    run_dir: Path, out: Path, nproc: int, *extra: str, timeout: float = 400
+) -> subprocess.CompletedProcess:
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     # CPU ranks over gloo, also on a machine with fewer GPUs than ranks.
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": ""}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO_ROOT),
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     command = [
-        torchrun, "--standalone", "--nproc-per-node", str(nproc), "-m", "sysbench_gpu", "attention", str(run_dir),
-        "--model", "smollm2", "--out", str(out), "--tensor-parallel", "--layers", "mid,last", "--dtype", "float32", *extra,
+        torchrun,
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        "sysbench_gpu",
+        "attention",
+        str(run_dir),
+        "--model",
+        "smollm2",
+        "--out",
+        str(out),
+        "--tensor-parallel",
+        "--layers",
+        "mid,last",
+        "--dtype",
+        "float32",
+        *extra,
     ]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT)
 
 
 def eager_shares(model, token_ids: np.ndarray, spans: np.ndarray, layers: list[int]) -> dict[int, np.ndarray]:
-    """Per-head span shares [H, T, n_spans] from the eager attention probabilities at ``layers`` (one layer's T x T at a time)."""
+    """Per-head span shares [H, T, n_spans] from the eager attention probabilities at ``layers``
+    (one layer's T x T at a time)."""
     import torch
 
     from sysbench_gpu.attention.layers import attention_modules
@@ -53,9 +78,11 @@ def eager_shares(model, token_ids: np.ndarray, spans: np.ndarray, layers: list[i
     modules = attention_modules(model)
     handles = []
     for layer in layers:
+
         def keep(module, args, output, layer=layer):
             weights = output[1]  # eager attention returns its softmax probabilities [B, H, T, T]
             found[layer] = eager_reference_shares(weights, [tuple(int(x) for x in span) for span in spans])[0].numpy()
+
         handles.append(modules[layer].register_forward_hook(keep))
     try:
         with torch.inference_mode():
@@ -67,7 +94,8 @@ def eager_shares(model, token_ids: np.ndarray, spans: np.ndarray, layers: list[i
 
 
 def compare_with_eager(out: Path, model, skip: tuple[str, ...] = ()) -> float:
-    """Largest |stored - eager| over the stored sessions and arms (but ``skip``), both layers, head mean and per-head values."""
+    """Largest |stored - eager| over the stored sessions and arms (but ``skip``), both layers, head mean and
+    per-head values."""
     worst = 0.0
     for path in sorted((out / "sessions").glob("*.npz")):
         if path.name in skip:
@@ -95,14 +123,28 @@ def two_session_run(tmp_path, dataset):
     run.update_manifest(stage="generate", model="smollm2")
     save_run_sessions(run, sessions, dataset)
     for session in sessions:
-        run.generations.append([
-            GenerationRecord(session.system_id, t.index, t.user, f"好的，第{t.index}轮。我会按照要求回答：{t.user[:12]}", model="smollm2")
-            for t in session.turns
-        ])
-        run.judgments.append([
-            JudgmentRecord(session.system_id, t.index, {str(c.id): Verdict("是", "yes" if (c.id + t.index) % 2 else "no", c.type) for c in t.constraints})
-            for t in session.turns
-        ])
+        run.generations.append(
+            [
+                GenerationRecord(
+                    session.system_id,
+                    t.index,
+                    t.user,
+                    f"好的，第{t.index}轮。我会按照要求回答：{t.user[:12]}",
+                    model="smollm2",
+                )
+                for t in session.turns
+            ]
+        )
+        run.judgments.append(
+            [
+                JudgmentRecord(
+                    session.system_id,
+                    t.index,
+                    {str(c.id): Verdict("是", "yes" if (c.id + t.index) % 2 else "no", c.type) for c in t.constraints},
+                )
+                for t in session.turns
+            ]
+        )
     return run, sessions
 
 
@@ -118,7 +160,10 @@ def test_tensor_parallel_three_ranks_equal_eager_and_resume(two_session_run, tmp
     out = tmp_path / "attn"
     # One arm measured earlier by a single process: the tensor-parallel launch resumes around it.
     common = ["--layers", "mid,last", "--dtype", "float32", "--per-head", "--no-figures", "--bootstrap", "20"]
-    assert main(["attention", str(run.path), "--model", "smollm2", "--out", str(out), "--sessions", str(second), *common]) == 0
+    assert (
+        main(["attention", str(run.path), "--model", "smollm2", "--out", str(out), "--sessions", str(second), *common])
+        == 0
+    )
     earlier = out / "sessions" / f"{second:04d}.system.npz"
     kept = earlier.stat().st_mtime_ns
 
@@ -130,7 +175,11 @@ def test_tensor_parallel_three_ranks_equal_eager_and_resume(two_session_run, tmp
     assert names == [f"{sid:04d}.{arm}.npz" for sid in (first, second) for arm in ("control", "system")]
     assert sorted(p.name for p in (out / "shards").iterdir()) == ["rank0-of-1.jsonl", "rank0-of-3.jsonl"]  # rank 0 only
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["layout"] == "tensor-parallel" and manifest["tensor_parallel_size"] == 3 and manifest["layers"] == [MID, LAST]
+    assert (
+        manifest["layout"] == "tensor-parallel"
+        and manifest["tensor_parallel_size"] == 3
+        and manifest["layers"] == [MID, LAST]
+    )
     # Each rank's layers ran the kernel-LSE path on its own 3 query heads over 1 KV head.
     assert manifest["capture_paths"] == {str(MID): KERNEL_PATH, str(LAST): KERNEL_PATH}
     stored = np.load(out / "sessions" / f"{first:04d}.system.npz")
@@ -154,7 +203,9 @@ def test_tensor_parallel_refuses_heads_that_do_not_divide(two_session_run, tmp_p
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
-    code = main(["attention", str(run.path), "--model", "smollm2", "--out", str(tmp_path / "attn"), "--tensor-parallel"])
+    code = main(
+        ["attention", str(run.path), "--model", "smollm2", "--out", str(tmp_path / "attn"), "--tensor-parallel"]
+    )
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == (
@@ -172,8 +223,27 @@ def test_tensor_parallel_on_a_generated_session_equals_eager(tmp_path, sessions_
     from sysbench_gpu.cli import main
 
     run_dir = tmp_path / "run"
-    assert main(["generate", "--data", str(sessions_file), "--model", "smollm2", "--engine", "hf", "--limit", "1",
-                 "--max-tokens", "24", "--out", str(run_dir), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--data",
+                str(sessions_file),
+                "--model",
+                "smollm2",
+                "--engine",
+                "hf",
+                "--limit",
+                "1",
+                "--max-tokens",
+                "24",
+                "--out",
+                str(run_dir),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     out = tmp_path / "attn"
     done = torchrun_attention(run_dir, out, 3, "--control", "--per-head", "--no-figures", "--bootstrap", "20")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -181,9 +251,11 @@ def test_tensor_parallel_on_a_generated_session_equals_eager(tmp_path, sessions_
     for arm in ("system", "control"):
         stored = np.load(out / "sessions" / f"0001.{arm}.npz")
         assert len(stored["turn_numbers"]) == 5 and len(stored["token_ids"]) > 1500  # the whole session, full texts
-    assert json.loads((out / "manifest.json").read_text())["capture_paths"] == {str(MID): KERNEL_PATH, str(LAST): KERNEL_PATH}
+    assert json.loads((out / "manifest.json").read_text())["capture_paths"] == {
+        str(MID): KERNEL_PATH,
+        str(LAST): KERNEL_PATH,
+    }
     model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32, attn_implementation="eager").eval()
     worst = compare_with_eager(out, model)
     print(f"generated session, 3 ranks, both arms: largest |tensor-parallel - eager| = {worst:.2e}")
     assert worst < TOLERANCE, f"tensor-parallel shares differ from eager by {worst:.2e}"
-

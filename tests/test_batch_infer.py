@@ -9,12 +9,7 @@ from pathlib import Path
 import pytest
 from fake_engine import FakeEngine, Interrupted
 
-from sysbench_gpu.benchmarks.base import (
-    demo_data_path,
-    load_dataset,
-    load_run_sessions,
-    resolve_data_path,
-)
+from sysbench_gpu.benchmarks.registry import demo_data_path, load_dataset, load_run_sessions, resolve_data_path
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.messages import (
     SYSTEM_FOLD_SEPARATOR,
@@ -27,7 +22,7 @@ from sysbench_gpu.core.sessions import parse_session_ids
 from sysbench_gpu.engines.base import SamplingSpec
 from sysbench_gpu.generation.cli import engine_options_from_args, register
 from sysbench_gpu.generation.plan import missing_references
-from sysbench_gpu.generation.scheduler import run_generation
+from sysbench_gpu.generation.run import run_generation
 from sysbench_gpu.generation.settings import GenerateSettings
 
 SETTINGS = GenerateSettings(model="fake-model", engine="hf", sampling=SamplingSpec(max_tokens=10))
@@ -55,7 +50,13 @@ def test_demo_set_loads_with_all_types_and_references(demo):
     assert 4 <= len(demo.sessions) <= 6
     assert all(len(s.turns) == 5 for s in demo.sessions)
     assert {c.type for s in demo.sessions for t in s.turns for c in t.constraints} == {
-        "action", "content", "background", "role", "format", "style"}
+        "action",
+        "content",
+        "background",
+        "role",
+        "format",
+        "style",
+    }
     assert {t.alignment for s in demo.sessions for t in s.turns} == {"aligned", "misaligned"}
     assert {s.group for s in demo.sessions} == {"dependent", "parallel"}
     assert missing_references(demo.sessions) == {}
@@ -74,12 +75,14 @@ def test_model_history_one_call_per_turn_with_own_replies(demo, tmp_path):
     assert [len(call) for call in engine.calls] == [n] * 5  # one batched call per turn, all sessions
     records = records_by_key(run)
     for turn, call in enumerate(engine.calls, start=1):
-        for session, conversation in zip(demo.sessions, call):
+        for session, conversation in zip(demo.sessions, call, strict=False):
             assert conversation == conversation_for_turn(
-                session, turn, {i: records[(session.system_id, i)].response for i in range(1, turn)})
+                session, turn, {i: records[(session.system_id, i)].response for i in range(1, turn)}
+            )
             assert conversation[0] == {"role": "system", "content": session.system_prompt}
             assert [m["content"] for m in conversation if m["role"] == "assistant"] == [
-                records[(session.system_id, i)].response for i in range(1, turn)]
+                records[(session.system_id, i)].response for i in range(1, turn)
+            ]
     first = records[(demo.sessions[0].system_id, 1)]
     assert first.status == "ok" and first.history == "model" and first.model == "fake-model"
     assert first.prompt_tokens and first.output_tokens == 4 and first.finish_reason == "stop"
@@ -101,7 +104,9 @@ def test_model_history_one_call_per_turn_with_own_replies(demo, tmp_path):
 
 def test_reference_history_one_call(demo, tmp_path):
     engine = FakeEngine()
-    settings = GenerateSettings(model="fake-model", engine="hf", history="reference", sampling=SamplingSpec(max_tokens=10))
+    settings = GenerateSettings(
+        model="fake-model", engine="hf", history="reference", sampling=SamplingSpec(max_tokens=10)
+    )
     run = RunDir(tmp_path / "run")
     run_generation(engine, demo, list(demo.sessions[:3]), run, settings, progress=False)
     assert len(engine.calls) == 1 and len(engine.calls[0]) == 15
@@ -190,12 +195,14 @@ def test_changed_settings_in_existing_run_are_errors(demo, tmp_path):
     run_generation(FakeEngine(), demo, sessions, run, SETTINGS, progress=False)
     changes = {
         "sampling.max_tokens": GenerateSettings(model="fake-model", engine="hf", sampling=SamplingSpec(max_tokens=16)),
-        "sampling.temperature": GenerateSettings(model="fake-model", engine="hf",
-                                                 sampling=SamplingSpec(max_tokens=10, temperature=0.7)),
+        "sampling.temperature": GenerateSettings(
+            model="fake-model", engine="hf", sampling=SamplingSpec(max_tokens=10, temperature=0.7)
+        ),
         "'model'": GenerateSettings(model="other", engine="hf", sampling=SamplingSpec(max_tokens=10)),
         "'engine'": GenerateSettings(model="fake-model", engine="vllm", sampling=SamplingSpec(max_tokens=10)),
-        "'history'": GenerateSettings(model="fake-model", engine="hf", history="reference",
-                                      sampling=SamplingSpec(max_tokens=10)),
+        "'history'": GenerateSettings(
+            model="fake-model", engine="hf", history="reference", sampling=SamplingSpec(max_tokens=10)
+        ),
     }
     for field_name, settings in changes.items():
         with pytest.raises(SysbenchError, match=field_name.replace(".", r"\.")):
@@ -234,14 +241,19 @@ def test_overflow_error_names_session_turn_and_numbers(tmp_path):
 
 def test_overflow_truncate_history_drops_oldest_turns_keeps_system(tmp_path):
     data = _long_dataset(tmp_path)
-    settings = GenerateSettings(model="fake-model", engine="hf", sampling=SamplingSpec(max_tokens=10),
-                                on_overflow="truncate-history")
+    settings = GenerateSettings(
+        model="fake-model", engine="hf", sampling=SamplingSpec(max_tokens=10), on_overflow="truncate-history"
+    )
     engine = FakeEngine(context=120)
     run = RunDir(tmp_path / "run")
     run_generation(engine, data, list(data.sessions), run, settings, progress=False)
     records = records_by_key(run)
-    assert [records[(1, t)].overflow for t in range(1, 6)] == [None] + ["truncated-history:1", "truncated-history:2",
-                                                                       "truncated-history:3", "truncated-history:4"]
+    assert [records[(1, t)].overflow for t in range(1, 6)] == [None] + [
+        "truncated-history:1",
+        "truncated-history:2",
+        "truncated-history:3",
+        "truncated-history:4",
+    ]
     assert all(r.status == "ok" for r in records.values())
     session = data.sessions[0]
     for turn, call in enumerate(engine.calls, start=1):
@@ -254,7 +266,9 @@ def test_overflow_truncate_history_drops_oldest_turns_keeps_system(tmp_path):
 
 def test_overflow_skip_skips_the_rest_of_the_session(tmp_path, demo):
     data = _long_dataset(tmp_path)
-    settings = GenerateSettings(model="fake-model", engine="hf", sampling=SamplingSpec(max_tokens=10), on_overflow="skip")
+    settings = GenerateSettings(
+        model="fake-model", engine="hf", sampling=SamplingSpec(max_tokens=10), on_overflow="skip"
+    )
     engine = FakeEngine(context=120)
     run = RunDir(tmp_path / "run")
     summary = run_generation(engine, data, list(data.sessions), run, settings, progress=False)
@@ -269,8 +283,14 @@ def test_overflow_skip_skips_the_rest_of_the_session(tmp_path, demo):
 
 
 def test_drop_oldest_turns_and_fold_helpers():
-    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"},
-                {"role": "user", "content": "u2"}, {"role": "assistant", "content": "a2"}, {"role": "user", "content": "u3"}]
+    messages = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "u2"},
+        {"role": "assistant", "content": "a2"},
+        {"role": "user", "content": "u3"},
+    ]
     assert drop_oldest_turns(messages, 1) == [messages[0]] + messages[3:]
     assert drop_oldest_turns(messages, 2) == [messages[0], messages[5]]
     folded = fold_system_message(messages)
@@ -285,7 +305,7 @@ def test_system_role_folding(demo, tmp_path):
     run = RunDir(tmp_path / "run")
     run_generation(engine, demo, list(demo.sessions[:2]), run, SETTINGS, progress=False)
     for call in engine.calls:
-        for session, conversation in zip(demo.sessions, call):
+        for session, conversation in zip(demo.sessions, call, strict=False):
             assert all(m["role"] != "system" for m in conversation)
             assert conversation[0]["content"] == session.system_prompt + SYSTEM_FOLD_SEPARATOR + session.turn(1).user
     stage = run.read_manifest()["stages"]["generate"]
@@ -307,9 +327,15 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def test_engine_options_and_session_ids():
-    args = _parse(["--engine", "vllm", "--tensor-parallel-size", "4", "--no-prefix-caching", "--seed", "3", "--dtype", "bfloat16"])
-    assert engine_options_from_args("vllm", args) == {"tensor_parallel_size": 4, "enable_prefix_caching": False,
-                                                      "seed": 3, "dtype": "bfloat16"}
+    args = _parse(
+        ["--engine", "vllm", "--tensor-parallel-size", "4", "--no-prefix-caching", "--seed", "3", "--dtype", "bfloat16"]
+    )
+    assert engine_options_from_args("vllm", args) == {
+        "tensor_parallel_size": 4,
+        "enable_prefix_caching": False,
+        "seed": 3,
+        "dtype": "bfloat16",
+    }
     args = _parse(["--engine", "hf", "--batch-size", "8", "--device-map", "auto"])
     assert engine_options_from_args("hf", args) == {"batch_size": 8, "device_map": "auto"}
     args = _parse(["--engine", "openai", "--base-url", "http://x/v1", "--concurrency", "4", "--seed", "1"])

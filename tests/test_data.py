@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sysbench_gpu.benchmarks.base import load_dataset
+from sysbench_gpu.benchmarks.registry import load_dataset
 from sysbench_gpu.benchmarks.sysbench.data import (
     OFFICIAL_SHA256,
     TYPE_ORDER,

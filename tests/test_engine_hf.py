@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from sysbench_gpu.benchmarks.base import load_dataset
+from sysbench_gpu.benchmarks.registry import load_dataset
 from sysbench_gpu.core.messages import conversation_for_turn
 from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.engines.base import SamplingSpec
-from sysbench_gpu.generation.scheduler import run_generation
+from sysbench_gpu.generation.run import run_generation
 from sysbench_gpu.generation.settings import GenerateSettings
 
 pytestmark = pytest.mark.slow
@@ -68,7 +68,7 @@ def test_batches_by_length_restore_order_and_match_single_requests(engine, demo)
     batched = engine.chat(conversations, SamplingSpec(max_tokens=MAX_TOKENS))
     single = [engine.chat([c], SamplingSpec(max_tokens=MAX_TOKENS))[0] for c in conversations]
     assert [c.text for c in batched] == [c.text for c in single]
-    for completion, length in zip(batched, lengths):
+    for completion, length in zip(batched, lengths, strict=False):
         assert completion.prompt_tokens == length
         assert completion.finish_reason in ("stop", "length") and 0 < completion.output_tokens <= MAX_TOKENS
         assert completion.text.strip()
@@ -93,7 +93,9 @@ def test_defaults_context_and_system_role(engine):
     assert engine.generation_kwargs(SamplingSpec(temperature=0.5, top_k=20))["do_sample"] is True
     assert engine.generation_kwargs(SamplingSpec(temperature=0.0))["do_sample"] is False
     described = engine.describe()
-    assert described["dtype"] == "float32" and described["device"] == "cpu" and described["defaults"]["max_tokens"] == 512
+    assert (
+        described["dtype"] == "float32" and described["device"] == "cpu" and described["defaults"]["max_tokens"] == 512
+    )
     assert engine.context_length() == 8192
     assert engine.supports_system_role() is True
     template = engine.tokenizer.chat_template
@@ -151,17 +153,34 @@ def test_end_to_end_records_and_stats(reference_run, demo):
 
 
 def _generate_command(out: Path) -> list[str]:
-    return [sys.executable, "-m", "sysbench_gpu", "generate", "--data", "demo", "--model", "smollm2", "--engine", "hf",
-            "--sessions", ",".join(map(str, SESSION_IDS)), "--max-tokens", str(MAX_TOKENS), "--out", str(out),
-            "--no-progress"]
+    return [
+        sys.executable,
+        "-m",
+        "sysbench_gpu",
+        "generate",
+        "--data",
+        "demo",
+        "--model",
+        "smollm2",
+        "--engine",
+        "hf",
+        "--sessions",
+        ",".join(map(str, SESSION_IDS)),
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
 
 
 def test_cli_kill_between_turns_then_rerun_gives_same_records(reference_run, tmp_path, smollm2_path):
     out = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     generations = out / "generations.jsonl"
-    process = subprocess.Popen(_generate_command(out), cwd=REPO_ROOT, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        _generate_command(out), cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and process.poll() is None:

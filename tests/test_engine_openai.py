@@ -122,13 +122,21 @@ def test_call_with_retries_sleeps_then_succeeds_with_fake_clock() -> None:
 
     policy = RetryPolicy(max_retries=5, base_delay_s=1.0, jitter=0.0)
     value, attempts, reasons = call_with_retries(
-        operation, policy=policy, classify=lambda e: getattr(e, "verdict", None),
-        label="session 3, turn 2", clock=clock, counter=counter,
+        operation,
+        policy=policy,
+        classify=lambda e: getattr(e, "verdict", None),
+        label="session 3, turn 2",
+        clock=clock,
+        counter=counter,
     )
     assert (value, attempts, reasons) == ("ok", 3, ["429", "500"])
     assert clock.sleeps == [2.0, 2.0]  # Retry-After 2 s beats backoff 1 s; then backoff 2 s
     assert counter.snapshot() == {
-        "requests": 1, "attempts": 3, "retries": 2, "retries_by_reason": {"429": 1, "500": 1}, "failures": 0,
+        "requests": 1,
+        "attempts": 3,
+        "retries": 2,
+        "retries_by_reason": {"429": 1, "500": 1},
+        "failures": 0,
     }
 
 
@@ -140,8 +148,9 @@ def test_call_with_retries_gives_up_with_a_clear_error() -> None:
 
     policy = RetryPolicy(max_retries=2, base_delay_s=1.0, jitter=0.0)
     with pytest.raises(RetriesExhausted) as caught:
-        call_with_retries(operation, policy=policy, classify=lambda e: Retryable("timeout"),
-                          label="session 7, turn 4", clock=clock)
+        call_with_retries(
+            operation, policy=policy, classify=lambda e: Retryable("timeout"), label="session 7, turn 4", clock=clock
+        )
     message = str(caught.value)
     assert "session 7, turn 4" in message and "3 attempts" in message and "read timed out" in message
     assert isinstance(caught.value, SysbenchError)
@@ -190,7 +199,9 @@ def test_429_then_success_honours_retry_after(monkeypatch: pytest.MonkeyPatch) -
     with OpenAIStub(responder) as stub:
         engine = make_engine(stub, monkeypatch)
         started = time.monotonic()
-        completion = engine.chat_one([{"role": "user", "content": "hi"}], SamplingSpec(), request_id="session 1, turn 1")
+        completion = engine.chat_one(
+            [{"role": "user", "content": "hi"}], SamplingSpec(), request_id="session 1, turn 1"
+        )
         elapsed = time.monotonic() - started
     assert completion.text == "echo:hi"
     assert completion.extra["attempts"] == 2 and completion.extra["retry_reasons"] == ["429"]
@@ -273,8 +284,15 @@ def test_sampling_params_sent_only_when_set(monkeypatch: pytest.MonkeyPatch) -> 
         engine.chat_one([{"role": "user", "content": "a"}], SamplingSpec())
         engine.chat_one(
             [{"role": "user", "content": "b"}],
-            SamplingSpec(max_tokens=32, temperature=0.0, top_p=0.9, top_k=5, repetition_penalty=1.1, seed=7,
-                         json_schema={"type": "object"}),
+            SamplingSpec(
+                max_tokens=32,
+                temperature=0.0,
+                top_p=0.9,
+                top_k=5,
+                repetition_penalty=1.1,
+                seed=7,
+                json_schema={"type": "object"},
+            ),
         )
     plain, full = stub.requests
     for key in ("max_tokens", "temperature", "top_p", "seed", "top_k", "repetition_penalty", "response_format"):
@@ -402,9 +420,28 @@ def test_generate_with_faults_then_resume_sends_nothing_twice(
 
     out = tmp_path / "run"
     command = [
-        "generate", "--data", str(sessions_file), "--engine", "openai", "--model", "stub-model",
-        "--out", str(out), "--limit", "2", "--max-tokens", "16", "--no-progress",
-        "--api-key-env", "SYSBENCH_TEST_KEY", "--timeout", "0.5", "--concurrency", "2", "--max-retries", "4",
+        "generate",
+        "--data",
+        str(sessions_file),
+        "--engine",
+        "openai",
+        "--model",
+        "stub-model",
+        "--out",
+        str(out),
+        "--limit",
+        "2",
+        "--max-tokens",
+        "16",
+        "--no-progress",
+        "--api-key-env",
+        "SYSBENCH_TEST_KEY",
+        "--timeout",
+        "0.5",
+        "--concurrency",
+        "2",
+        "--max-retries",
+        "4",
     ]
     with OpenAIStub(responder) as stub:
         command += ["--base-url", stub.base_url]
@@ -426,5 +463,8 @@ def test_generate_with_faults_then_resume_sends_nothing_twice(
     assert sorted(request_key(b)[1] for b in second_bodies) == [3, 3, 3, 4, 4, 5, 5]
     # The resumed turn 3 carries the model's own stored replies of turns 1 and 2.
     turn3 = next(b for b in second_bodies if request_key(b)[1] == 3)
-    assert [m["content"] for m in turn3["messages"] if m["role"] == "assistant"] == ["reply to turn 1", "reply to turn 2"]
+    assert [m["content"] for m in turn3["messages"] if m["role"] == "assistant"] == [
+        "reply to turn 1",
+        "reply to turn 2",
+    ]
     assert SECRET not in (out / "manifest.json").read_text(encoding="utf-8")

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pytest
 
-from sysbench_gpu.benchmarks.base import load_dataset
+from sysbench_gpu.benchmarks.registry import load_dataset
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.messages import conversation_for_turn, fold_system_message
 from sysbench_gpu.core.rundir import RunDir
@@ -28,7 +29,7 @@ from sysbench_gpu.engines.vllm_replicas import (
     replica_envs,
     session_key,
 )
-from sysbench_gpu.generation.scheduler import run_generation
+from sysbench_gpu.generation.run import run_generation
 from sysbench_gpu.generation.settings import GenerateSettings
 
 # A token is a word. With this context the demo sessions outgrow it at different turns
@@ -47,8 +48,12 @@ class FoldingBackend:
 
     def chat(self, conversations: Sequence[Sequence[dict[str, str]]], sampling: SamplingSpec) -> list[Completion]:
         return [
-            Completion(text=f"port {self.port}", prompt_tokens=self.count_prompt_tokens(c), output_tokens=1,
-                       finish_reason="stop")
+            Completion(
+                text=f"port {self.port}",
+                prompt_tokens=self.count_prompt_tokens(c),
+                output_tokens=1,
+                finish_reason="stop",
+            )
             for c in conversations
         ]
 
@@ -59,8 +64,11 @@ class FoldingBackend:
         return False
 
     def runtime_info(self) -> dict[str, Any]:
-        return {"max_model_len": CONTEXT, "replicas_sharing_memory": self.replicas_sharing_memory,
-                "devices": self.devices}
+        return {
+            "max_model_len": CONTEXT,
+            "replicas_sharing_memory": self.replicas_sharing_memory,
+            "devices": self.devices,
+        }
 
     def close(self) -> None:
         pass
@@ -89,8 +97,9 @@ def test_a_session_stays_on_its_replica_through_folding_and_truncation(
 
     engine = VLLMEngine("stand-in", data_parallel_size=2, replica_factory=FOLDING)
     try:
-        settings = GenerateSettings(model="stand-in", engine="vllm", sampling=SamplingSpec(max_tokens=4),
-                                    on_overflow="truncate-history")
+        settings = GenerateSettings(
+            model="stand-in", engine="vllm", sampling=SamplingSpec(max_tokens=4), on_overflow="truncate-history"
+        )
         run = RunDir(tmp_path / "run")
         run_generation(engine, demo, demo.sessions, run, settings, progress=False)
     finally:
@@ -113,7 +122,10 @@ def test_a_session_stays_on_its_replica_through_folding_and_truncation(
     manifest = json.loads(run.manifest_path.read_text(encoding="utf-8"))
     described = manifest["stages"]["generate"]["engine_describe"]
     assert manifest["stages"]["generate"]["system_folded"] is True
-    assert described["replica_vllm_ports"] == [str(DEFAULT_REPLICA_PORT_BASE), str(DEFAULT_REPLICA_PORT_BASE + REPLICA_PORT_STRIDE)]
+    assert described["replica_vllm_ports"] == [
+        str(DEFAULT_REPLICA_PORT_BASE),
+        str(DEFAULT_REPLICA_PORT_BASE + REPLICA_PORT_STRIDE),
+    ]
     assert {f"port {p}" for p in described["replica_vllm_ports"]} == {r.response for r in records.values()}
     assert described["replicas_sharing_memory"] == 2  # CPU replicas split the free memory
     assert described["batch_invariant"] is False and described["VLLM_BATCH_INVARIANT"] is None
@@ -121,15 +133,17 @@ def test_a_session_stays_on_its_replica_through_folding_and_truncation(
 
 def test_each_replica_gets_its_own_port_range_and_gpus() -> None:
     envs, groups = replica_envs(2, 2, ["0", "1", "2", "3"], {})
-    assert envs == [{"VLLM_PORT": "20000", "CUDA_VISIBLE_DEVICES": "0,1"},
-                    {"VLLM_PORT": "20100", "CUDA_VISIBLE_DEVICES": "2,3"}]
+    assert envs == [
+        {"VLLM_PORT": "20000", "CUDA_VISIBLE_DEVICES": "0,1"},
+        {"VLLM_PORT": "20100", "CUDA_VISIBLE_DEVICES": "2,3"},
+    ]
     assert groups == [["0", "1"], ["2", "3"]]
     # An exported VLLM_PORT is the base; before, every replica scanned up from that one port.
     envs, _ = replica_envs(4, 1, ["4", "5", "6", "7"], {"VLLM_PORT": "31000"})
     assert [e["VLLM_PORT"] for e in envs] == ["31000", "31100", "31200", "31300"]
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["4", "5", "6", "7"]
     bases = [int(e["VLLM_PORT"]) for e in envs]
-    assert all(b - a >= REPLICA_PORT_STRIDE for a, b in zip(bases, bases[1:]))
+    assert all(b - a >= REPLICA_PORT_STRIDE for a, b in zip(bases, bases[1:], strict=False))
     # No GPU: replicas share the CPU but still get disjoint ports.
     envs, groups = replica_envs(2, 1, [], {})
     assert groups is None and envs == [{"VLLM_PORT": "20000"}, {"VLLM_PORT": "20100"}]

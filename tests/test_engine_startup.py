@@ -27,16 +27,22 @@ from sysbench_gpu.engines.vllm_memory import (
 )
 
 # What vLLM 0.32's CPU build wrote when the fixed 0.9 did not fit (this machine, the code before the fix),
-# abridged: the worker's error, then the engine core's and the front end's wrappers.
+# abridged: the worker's error, then the engine core's and the front end's wrappers. A backslash at the end of
+# a line continues that log line on the next one.
 ENGINE_CORE_LOG = """\
 (VllmWorker-0 pid=30256) ERROR 11-22 14:49:45 [multiproc_executor.py:953] WorkerProc failed to start.
 (VllmWorker-0 pid=30256) ERROR 11-22 14:49:45 [multiproc_executor.py:953] Traceback (most recent call last):
 (VllmWorker-0 pid=30256) ERROR 11-22 14:49:45 [multiproc_executor.py:953]     raise ValueError(
-(VllmWorker-0 pid=30256) ERROR 11-22 14:49:45 [multiproc_executor.py:953] ValueError: Available memory on node 0 (11.59/17.34 GiB) on startup is less than desired CPU memory utilization (0.9, 15.6 GiB). On the CPU backend, the `--gpu-memory-utilization` flag controls the fraction of CPU memory reserved (despite its name). To resolve: decrease `--gpu-memory-utilization` (e.g. `--gpu-memory-utilization 0.5`) or reduce CPU memory used by other processes.
+(VllmWorker-0 pid=30256) ERROR 11-22 14:49:45 [multiproc_executor.py:953] ValueError: Available memory on node 0 \
+(11.59/17.34 GiB) on startup is less than desired CPU memory utilization (0.9, 15.6 GiB). On the CPU backend, \
+the `--gpu-memory-utilization` flag controls the fraction of CPU memory reserved (despite its name). \
+To resolve: decrease `--gpu-memory-utilization` (e.g. `--gpu-memory-utilization 0.5`) or reduce CPU memory used \
+by other processes.
 (EngineCore pid=30187) ERROR 11-22 14:49:50 [core.py:1510] EngineCore failed to start.
 (EngineCore pid=30187) ERROR 11-22 14:49:50 [core.py:1510] Traceback (most recent call last):
 (EngineCore pid=30187) ERROR 11-22 14:49:50 [core.py:1510]     raise e from None
-(EngineCore pid=30187) ERROR 11-22 14:49:50 [core.py:1510] Exception: WorkerProc initialization failed due to an exception in a background process. See stack trace for root cause.
+(EngineCore pid=30187) ERROR 11-22 14:49:50 [core.py:1510] Exception: WorkerProc initialization failed due to an \
+exception in a background process. See stack trace for root cause.
 Process EngineCore:
 Exception: WorkerProc initialization failed due to an exception in a background process. See stack trace for root cause.
 RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}
@@ -62,23 +68,30 @@ def test_startup_failure_is_one_line_with_cause_hint_and_log(tmp_path: Path) -> 
     error = startup_failure("vllm engine for 'smollm2' failed to start", wrapper, log)
     message = str(error)
     assert "\n" not in message
-    assert message.startswith("vllm engine for 'smollm2' failed to start: ValueError: Available memory on node 0 (11.59")
+    assert message.startswith(
+        "vllm engine for 'smollm2' failed to start: ValueError: Available memory on node 0 (11.59"
+    )
     assert "to change: free memory" in message and "VLLM_CPU_KVCACHE_SPACE" in message
     assert message.endswith(f"(full output: {log})")
     # Without a log, the error itself (first line only) is the cause.
     plain = startup_failure("hf engine could not load model 'x'", ValueError("first line\nsecond\nthird"))
-    assert str(plain).startswith("hf engine could not load model 'x': ValueError: first line") and "\n" not in str(plain)
+    assert str(plain).startswith("hf engine could not load model 'x': ValueError: first line") and "\n" not in str(
+        plain
+    )
     # A SysbenchError is already one clear line and passes through unchanged.
     clear = SysbenchError("model '/nope': no such folder")
     assert startup_failure("anything", clear) is clear
 
 
-def test_capture_output_sends_a_child_processes_stderr_to_the_log(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def test_capture_output_sends_a_child_processes_stderr_to_the_log(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     log = startup_log_path(tmp_path / "logs", "vllm")
     with capture_output(log):
         os.write(2, b"from this process\n")  # what vLLM's front end writes to the terminal
-        subprocess.run([sys.executable, "-c", "import sys; print('child out'); print('child err', file=sys.stderr)"],
-                       check=True)
+        subprocess.run(
+            [sys.executable, "-c", "import sys; print('child out'); print('child err', file=sys.stderr)"], check=True
+        )
     print("after the block")
     captured = capfd.readouterr()
     written = log.read_text(encoding="utf-8")
@@ -106,42 +119,80 @@ def node(available_gib: float, total_gib: float = 9.71) -> NodeMemory:
 def test_cpu_auto_plan_fits_in_what_is_free_where_the_fixed_fraction_did_not() -> None:
     # The machine of issue 8: 8.27 of 9.71 GiB available; 0.9 of the total (8.74) did not fit.
     weights = GIB // 2
-    plan = plan_memory(on_cpu=True, gpu_memory_utilization=None, kv_cache_memory_bytes=None, environ={},
-                       node=node(8.27), weights_bytes=weights)
+    plan = plan_memory(
+        on_cpu=True,
+        gpu_memory_utilization=None,
+        kv_cache_memory_bytes=None,
+        environ={},
+        node=node(8.27),
+        weights_bytes=weights,
+    )
     kv = plan.engine_args["kv_cache_memory_bytes"]
     assert plan.source == "auto" and "gpu_memory_utilization" not in plan.engine_args
     assert kv + weights + CPU_RESERVE_BYTES < 8.27 * GIB
     assert kv == pytest.approx(0.5 * (8.27 * GIB - weights - CPU_RESERVE_BYTES), abs=1 << 20)
     described = plan.describe()
-    assert described["numa_node"] == 0 and described["node_available_gib"] == 8.27 and "available on NUMA node 0" in described["why"]
+    assert (
+        described["numa_node"] == 0
+        and described["node_available_gib"] == 8.27
+        and "available on NUMA node 0" in described["why"]
+    )
     # Another process holds 3 GiB: the plan shrinks instead of failing.
-    smaller = plan_memory(on_cpu=True, gpu_memory_utilization=None, kv_cache_memory_bytes=None, environ={},
-                          node=node(5.27), weights_bytes=weights)
+    smaller = plan_memory(
+        on_cpu=True,
+        gpu_memory_utilization=None,
+        kv_cache_memory_bytes=None,
+        environ={},
+        node=node(5.27),
+        weights_bytes=weights,
+    )
     assert smaller.engine_args["kv_cache_memory_bytes"] < kv
     # Two replicas starting together split what is free.
-    shared = plan_memory(on_cpu=True, gpu_memory_utilization=None, kv_cache_memory_bytes=None, environ={},
-                         node=node(8.27), weights_bytes=weights, replicas=2)
+    shared = plan_memory(
+        on_cpu=True,
+        gpu_memory_utilization=None,
+        kv_cache_memory_bytes=None,
+        environ={},
+        node=node(8.27),
+        weights_bytes=weights,
+        replicas=2,
+    )
     assert 2 * (shared.engine_args["kv_cache_memory_bytes"] + weights + CPU_RESERVE_BYTES) < 8.27 * GIB
     # Bounds.
     tiny = plan_memory(on_cpu=True, gpu_memory_utilization=None, kv_cache_memory_bytes=None, environ={}, node=node(1.0))
-    huge = plan_memory(on_cpu=True, gpu_memory_utilization=None, kv_cache_memory_bytes=None, environ={}, node=node(500.0))
+    huge = plan_memory(
+        on_cpu=True, gpu_memory_utilization=None, kv_cache_memory_bytes=None, environ={}, node=node(500.0)
+    )
     assert tiny.engine_args["kv_cache_memory_bytes"] == CPU_KV_MIN_BYTES
     assert huge.engine_args["kv_cache_memory_bytes"] == CPU_KV_MAX_BYTES
 
 
 def test_a_users_choice_wins_and_is_recorded() -> None:
-    env = plan_memory(on_cpu=True, gpu_memory_utilization=None, kv_cache_memory_bytes=None,
-                      environ={"VLLM_CPU_KVCACHE_SPACE": "2"}, node=node(8.0))
-    assert env.source == "VLLM_CPU_KVCACHE_SPACE" and env.engine_args == {} and env.describe()["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    env = plan_memory(
+        on_cpu=True,
+        gpu_memory_utilization=None,
+        kv_cache_memory_bytes=None,
+        environ={"VLLM_CPU_KVCACHE_SPACE": "2"},
+        node=node(8.0),
+    )
+    assert (
+        env.source == "VLLM_CPU_KVCACHE_SPACE"
+        and env.engine_args == {}
+        and env.describe()["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    )
     kv = plan_memory(on_cpu=True, gpu_memory_utilization=None, kv_cache_memory_bytes=GIB, environ={}, node=node(8.0))
     assert kv.source == "kv_cache_memory_bytes" and kv.engine_args == {"kv_cache_memory_bytes": GIB}
-    fraction = plan_memory(on_cpu=True, gpu_memory_utilization=0.3, kv_cache_memory_bytes=None, environ={}, node=node(8.0))
+    fraction = plan_memory(
+        on_cpu=True, gpu_memory_utilization=0.3, kv_cache_memory_bytes=None, environ={}, node=node(8.0)
+    )
     assert fraction.source == "gpu_memory_utilization" and fraction.engine_args == {"gpu_memory_utilization": 0.3}
-    gpu = plan_memory(on_cpu=False, gpu_memory_utilization=None, kv_cache_memory_bytes=None,
-                      environ={"VLLM_CPU_KVCACHE_SPACE": "2"})
+    gpu = plan_memory(
+        on_cpu=False, gpu_memory_utilization=None, kv_cache_memory_bytes=None, environ={"VLLM_CPU_KVCACHE_SPACE": "2"}
+    )
     assert gpu.source == "default" and gpu.engine_args == {"gpu_memory_utilization": 0.9}
-    assert plan_memory(on_cpu=False, gpu_memory_utilization=0.8, kv_cache_memory_bytes=None,
-                       environ={}).engine_args == {"gpu_memory_utilization": 0.8}
+    assert plan_memory(
+        on_cpu=False, gpu_memory_utilization=0.8, kv_cache_memory_bytes=None, environ={}
+    ).engine_args == {"gpu_memory_utilization": 0.8}
 
 
 def test_an_unwritable_log_folder_falls_back_to_the_temp_folder(tmp_path: Path) -> None:

@@ -16,8 +16,9 @@ import re
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -191,8 +192,9 @@ def vllm_env(kv_cache_gib: str | None = None) -> dict[str, str]:
 
 def run_logged(command: list[str], log_path: Path, timeout: float, kv_cache_gib: str | None = None) -> None:
     with open(log_path, "w", encoding="utf-8") as log, vllm_lock():
-        result = subprocess.run(command, cwd=REPO_ROOT, env=vllm_env(kv_cache_gib), stdout=log,
-                                stderr=subprocess.STDOUT, timeout=timeout)
+        result = subprocess.run(
+            command, cwd=REPO_ROOT, env=vllm_env(kv_cache_gib), stdout=log, stderr=subprocess.STDOUT, timeout=timeout
+        )
     if result.returncode != 0:
         tail = log_path.read_text(encoding="utf-8", errors="replace")[-4000:]
         pytest.fail(f"{' '.join(command)} exited {result.returncode}:\n{tail}")
@@ -203,8 +205,11 @@ def run_logged(command: list[str], log_path: Path, timeout: float, kv_cache_gib:
 @pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")
 def test_vllm_smoke_on_cpu(tmp_path: Path, smollm2_path: str) -> None:
     report_path = tmp_path / "smoke.json"
-    run_logged([sys.executable, str(REPO_ROOT / "tests" / "vllm_smoke.py"), str(report_path)],
-               tmp_path / "smoke.log", timeout=600)
+    run_logged(
+        [sys.executable, str(REPO_ROOT / "tests" / "vllm_smoke.py"), str(report_path)],
+        tmp_path / "smoke.log",
+        timeout=600,
+    )
     report = json.loads(report_path.read_text(encoding="utf-8"))
     print(f"vllm smoke: load {report['load_s']:.1f} s, total {report['total_s']:.1f} s")
 
@@ -259,10 +264,34 @@ def test_generate_end_to_end_under_torchrun(tmp_path: Path, sessions_file: Path,
     """
     out = tmp_path / "run"
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-port", str(free_port()),
-        "-m", "sysbench_gpu", "generate", "--data", str(sessions_file), "--engine", "vllm", "--model", "smollm2",
-        "--out", str(out), "--sessions", "289,461", "--max-tokens", "8", "--no-progress", "--max-model-len", "4096",
-        "--enforce-eager", "--distributed-executor-backend", "external_launcher",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "1",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "sysbench_gpu",
+        "generate",
+        "--data",
+        str(sessions_file),
+        "--engine",
+        "vllm",
+        "--model",
+        "smollm2",
+        "--out",
+        str(out),
+        "--sessions",
+        "289,461",
+        "--max-tokens",
+        "8",
+        "--no-progress",
+        "--max-model-len",
+        "4096",
+        "--enforce-eager",
+        "--distributed-executor-backend",
+        "external_launcher",
     ]
     run_logged(command, tmp_path / "generate.log", timeout=600, kv_cache_gib="1")
 
@@ -271,7 +300,7 @@ def test_generate_end_to_end_under_torchrun(tmp_path: Path, sessions_file: Path,
     run = RunDir(out)
     records = run.generations.read()
     assert sorted({turn for _, turn in records}) == [1, 2, 3, 4, 5] and len(records) == 10
-    for (system_id, turn), record in records.items():
+    for (_system_id, turn), record in records.items():
         assert record.status == "ok" and record.response is not None
         assert 1 <= (record.output_tokens or 0) <= 8 and record.prompt_tokens
         assert record.finish_reason in ("stop", "length")
@@ -295,9 +324,24 @@ def test_a_vllm_start_failure_is_one_line_naming_cause_and_fix(tmp_path: Path, s
     Before, this printed about 200 lines of two tracebacks (the worker's and the front end's).
     """
     command = [
-        sys.executable, "-m", "sysbench_gpu", "generate", "--data", "demo", "--engine", "vllm", "--model", "smollm2",
-        "--out", str(tmp_path / "run"), "--limit", "1", "--no-progress", "--enforce-eager",
-        "--gpu-memory-utilization", "0.99",
+        sys.executable,
+        "-m",
+        "sysbench_gpu",
+        "generate",
+        "--data",
+        "demo",
+        "--engine",
+        "vllm",
+        "--model",
+        "smollm2",
+        "--out",
+        str(tmp_path / "run"),
+        "--limit",
+        "1",
+        "--no-progress",
+        "--enforce-eager",
+        "--gpu-memory-utilization",
+        "0.99",
     ]
     with vllm_lock():
         result = subprocess.run(command, cwd=REPO_ROOT, env=vllm_env(), capture_output=True, text=True, timeout=600)
@@ -306,8 +350,11 @@ def test_a_vllm_start_failure_is_one_line_naming_cause_and_fix(tmp_path: Path, s
     errors = [line for line in lines if line.startswith("error: ")]
     assert len(errors) == 1, lines
     error = errors[0]
-    assert re.match(r"error: vllm engine for '[^']*SmolLM2-135M-Instruct' failed to start: "
-                    r"ValueError: Available memory on node \d", error), error
+    assert re.match(
+        r"error: vllm engine for '[^']*SmolLM2-135M-Instruct' failed to start: "
+        r"ValueError: Available memory on node \d",
+        error,
+    ), error
     assert "to change:" in error and "VLLM_CPU_KVCACHE_SPACE" in error
     log_path = Path(error.rsplit("(full output: ", 1)[1].rstrip(")"))
     assert "Traceback" in log_path.read_text(encoding="utf-8")  # the traceback is kept, in the log

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sysbench_gpu.attention.segments import TurnText, fit_layout
-from sysbench_gpu.benchmarks.base import save_run_sessions
+from sysbench_gpu.benchmarks.registry import save_run_sessions
 from sysbench_gpu.core.records import GenerationRecord
 from sysbench_gpu.core.rundir import RunDir
 
@@ -49,7 +49,9 @@ def test_tensor_parallel_splits_the_work_and_pays_all_reduces(estimate):
     whole = estimate.forward_seconds(shape, forward, hw, "device-map", 4, 2, "kernel-lse")
     split = estimate.forward_seconds(shape, forward, hw, "tensor-parallel", 4, 2, "kernel-lse")
     all_reduces = 2 * 79 * estimate.allreduce_seconds(2 * 2000 * 8192, 4, hw)
-    assert split == pytest.approx(estimate.forward_seconds(shape, forward, hw, "one-gpu", 1, 2, "kernel-lse") / 4 + all_reduces)
+    assert split == pytest.approx(
+        estimate.forward_seconds(shape, forward, hw, "one-gpu", 1, 2, "kernel-lse") / 4 + all_reduces
+    )
     assert whole / 4 < split < whole / 2
 
 
@@ -81,11 +83,26 @@ def test_estimate_end_to_end_on_a_small_run(estimate, tmp_path, dataset, monkeyp
     run.update_manifest(stage="generate", model="x")
     save_run_sessions(run, sessions, dataset)
     for session in sessions:
-        run.generations.append([GenerationRecord(session.system_id, t.index, t.user, "好的。" * 20) for t in session.turns])
+        run.generations.append(
+            [GenerationRecord(session.system_id, t.index, t.user, "好的。" * 20) for t in session.turns]
+        )
     bench = tmp_path / "bench.json"
-    bench.write_text(json.dumps({"rows": [{"tokens": 1024, "capture_over_plain_time": 1.05}, {"tokens": 8192, "capture_over_plain_time": 1.5}]}))
+    bench.write_text(
+        json.dumps(
+            {
+                "rows": [
+                    {"tokens": 1024, "capture_over_plain_time": 1.05},
+                    {"tokens": 8192, "capture_over_plain_time": 1.5},
+                ]
+            }
+        )
+    )
     out = tmp_path / "estimate.json"
-    monkeypatch.setattr(sys, "argv", ["estimate", str(run.path), "--tokenizer", "smollm2", "--bench-json", str(bench), "--json", str(out)])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        ["estimate", str(run.path), "--tokenizer", "smollm2", "--bench-json", str(bench), "--json", str(out)],
+    )
     assert estimate.main() == 0
     report = json.loads(out.read_text())
     stats = report["tokenizers"]["smollm2"]
@@ -96,9 +113,15 @@ def test_estimate_end_to_end_on_a_small_run(estimate, tmp_path, dataset, monkeyp
     assert layouts["tensor-parallel"]["hours"][0] < layouts["device-map"]["hours"][0]
     assert layouts["tensor-parallel"]["hours"][0] < layouts["tensor-parallel"]["hours"][1]
     assert layouts["data-parallel"]["fits"] is False and "more than one 80 GB GPU" in layouts["data-parallel"]["why"]
-    for layout in ("device-map", "tensor-parallel"):  # the kernel-LSE path reads only the span keys: less than a second pass
+    for layout in (
+        "device-map",
+        "tensor-parallel",
+    ):  # the kernel-LSE path reads only the span keys: less than a second pass
         capture = layouts[layout]["capture_s"]
-        assert 0 < capture["kernel-lse"][0] < capture["fallback"][0] and capture["kernel-lse"][0] < capture["kernel-lse"][1]
+        assert (
+            0 < capture["kernel-lse"][0] < capture["fallback"][0]
+            and capture["kernel-lse"][0] < capture["kernel-lse"][1]
+        )
     assert "| tensor-parallel | 34 GiB |" in capsys.readouterr().out
 
 
@@ -108,5 +131,6 @@ def test_capture_cost_is_measured_at_the_models_head_shape(estimate):
     cost = estimate.measure_capture(shape, tokens=96, span_keys=20, heads=16, repeats=1)
     assert (cost["heads"], cost["kv_heads"], cost["head_dim"]) == (16, 2, 128)
     assert cost["attention_kernel_s"] > 0 and cost["kernel_lse_extra_s"] > 0 and cost["fallback_extra_s"] > 0
-    assert cost["kernel_lse_over_attention_kernel"] == pytest.approx(cost["kernel_lse_extra_s"] / cost["attention_kernel_s"])
-
+    assert cost["kernel_lse_over_attention_kernel"] == pytest.approx(
+        cost["kernel_lse_extra_s"] / cost["attention_kernel_s"]
+    )

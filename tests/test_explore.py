@@ -20,7 +20,7 @@ import pytest
 from mteval_runs import judge_with_markers, make_mteval_run
 from test_mteval_judge_stage import _global_inst_reply
 
-from sysbench_gpu.benchmarks.base import load_run_sessions, save_run_sessions
+from sysbench_gpu.benchmarks.registry import load_run_sessions, save_run_sessions
 from sysbench_gpu.cli import main
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.records import GenerationRecord, JudgmentRecord, Verdict
@@ -61,18 +61,28 @@ def make_small_run(path: Path, dataset, sessions) -> Path:
     run.update_manifest(stage="generate", model="smollm2")
     save_run_sessions(run, sessions, dataset)
     run.generations.append(
-        GenerationRecord(system_id=s.system_id, turn=t.index, user=t.user, response=_reply(s.system_id, t.index),
-                         model="smollm2", finish_reason="stop")
-        for s in sessions for t in s.turns
+        GenerationRecord(
+            system_id=s.system_id,
+            turn=t.index,
+            user=t.user,
+            response=_reply(s.system_id, t.index),
+            model="smollm2",
+            finish_reason="stop",
+        )
+        for s in sessions
+        for t in s.turns
     )
     run.judgments.append(
         JudgmentRecord(
-            system_id=s.system_id, turn=t.index,
+            system_id=s.system_id,
+            turn=t.index,
             verdicts={str(c.id): _verdict(s.system_id, t.index, c) for c in t.constraints},
             reasoning=f"Reasoning for turn {t.index}: " + ("<b>not bold</b>" if t.index == 2 else "fine"),
             judge_model="stub-judge",
         )
-        for s in sessions for t in s.turns if (s.system_id, t.index) != (2, 5)
+        for s in sessions
+        for t in s.turns
+        if (s.system_id, t.index) != (2, 5)
     )
     return path
 
@@ -85,12 +95,35 @@ def fixture_runs(tmp_path_factory, shared_dir, dataset, smollm2_path):
     assert main(["import-upstream", str(workbook), "--out", str(upstream)]) == 0
     small = make_small_run(root / "smol", dataset, [short(s) for s in dataset.select(limit=2)])
     attention = root / "attn"
-    assert main(["attention", str(small), "--model", "smollm2", "--out", str(attention), "--control",
-                 "--layers", "2,5", "--no-figures", "--bootstrap", "20"]) == 0  # early layers: short forwards
+    assert (
+        main(
+            [
+                "attention",
+                str(small),
+                "--model",
+                "smollm2",
+                "--out",
+                str(attention),
+                "--control",
+                "--layers",
+                "2,5",
+                "--no-figures",
+                "--bootstrap",
+                "20",
+            ]
+        )
+        == 0
+    )  # early layers: short forwards
     site = root / "site"
     summary = explore.build_site([upstream, small], site, [attention], resamples=200, progress=False)
-    return {"root": root, "upstream": upstream, "small": small, "attention": attention, "site": site,
-            "summary": summary}
+    return {
+        "root": root,
+        "upstream": upstream,
+        "small": small,
+        "attention": attention,
+        "site": site,
+        "summary": summary,
+    }
 
 
 def _index(site: Path) -> dict:
@@ -124,8 +157,14 @@ def test_index_lists_every_session_under_its_system_id(fixture_runs, dataset):
     assert row["id"] == 1 and row["group"] == session.group and row["domain"] == session.domain
     assert row["alignment"] == "".join("M" if t.alignment == "misaligned" else "A" for t in session.turns)
     assert row["attention"] == ["system", "control"]
-    assert row["runs"][1] == {"judged": 5, "passed": 4, "generated": 5, "first_fail": 2, "leading": 1,
-                              "failed_types": [session.turn(2).constraints[0].type]}
+    assert row["runs"][1] == {
+        "judged": 5,
+        "passed": 4,
+        "generated": 5,
+        "first_fail": 2,
+        "leading": 1,
+        "failed_types": [session.turn(2).constraints[0].type],
+    }
     assert index["sessions"]["sysbench-2"]["runs"][1]["judged"] == 4
     assert index["sessions"]["sysbench-3"]["runs"][1] is None and index["sessions"]["sysbench-3"]["attention"] == []
     assert fixture_runs["summary"]["n_sessions_with_attention"] == 2
@@ -190,8 +229,8 @@ def test_attention_tokens_decode_and_values_match_the_stored_shares(fixture_runs
         arm = entry["arms"][arm_name]
         offsets = np.concatenate([[0], np.cumsum(arm["lengths"])])
         start, end = arm["system"]
-        assert system_prompt.strip()[:40] in arm["text"][offsets[start]:offsets[end]]
-        assert arm["text"][:offsets[start]].rstrip().endswith(role)
+        assert system_prompt.strip()[:40] in arm["text"][offsets[start] : offsets[end]]
+        assert arm["text"][: offsets[start]].rstrip().endswith(role)
 
 
 def test_token_pieces_keep_multibyte_characters_whole(smollm2_path):
@@ -274,12 +313,16 @@ def test_unjudged_run_is_shown_not_fatal(tmp_path, dataset):
 
 def test_report_links_an_explorer_built_beside_it(fixture_runs, tmp_path):
     report_dir = tmp_path / "report"
-    assert main(["report", str(fixture_runs["upstream"]), "--out", str(report_dir), "--no-figures",
-                 "--resamples", "20"]) == 0
+    assert (
+        main(["report", str(fixture_runs["upstream"]), "--out", str(report_dir), "--no-figures", "--resamples", "20"])
+        == 0
+    )
     assert "Explorer" not in (report_dir / "report.md").read_text(encoding="utf-8")
     shutil.copytree(fixture_runs["site"], tmp_path / explore.EXPLORER_DIRNAME)
-    assert main(["report", str(fixture_runs["upstream"]), "--out", str(report_dir), "--no-figures",
-                 "--resamples", "20"]) == 0
+    assert (
+        main(["report", str(fixture_runs["upstream"]), "--out", str(report_dir), "--no-figures", "--resamples", "20"])
+        == 0
+    )
     text = (report_dir / "report.md").read_text(encoding="utf-8")
     assert "Explorer: [../explore/index.html](../explore/index.html)" in text
     assert (report_dir / "../explore/index.html").resolve().is_file()
@@ -299,11 +342,17 @@ def mixed_site(tmp_path_factory, dataset, mteval_data_dir):
     """The small SysBench run beside two MT-Eval runs whose dialogue ids (1, 17, 21; 1, 2) meet session 1."""
     root = tmp_path_factory.mktemp("explore-mixed")
     small = make_small_run(root / "smol", dataset, [short(s) for s in dataset.select(limit=2)])
-    recollection = make_mteval_run(root / "gi", mteval_data_dir / "recollection_multi_global-inst.jsonl",
-                                   [1, 17, 21], _global_inst_reply, model="toy")
+    recollection = make_mteval_run(
+        root / "gi",
+        mteval_data_dir / "recollection_multi_global-inst.jsonl",
+        [1, 17, 21],
+        _global_inst_reply,
+        model="toy",
+    )
     judge_run(recollection, None, None, show_progress=False)  # rules: 10 or 0, no judge
-    refinement = make_mteval_run(root / "ref", mteval_data_dir / "refinement_multi.jsonl", [1, 2], _marked_score,
-                                 model="toy")
+    refinement = make_mteval_run(
+        root / "ref", mteval_data_dir / "refinement_multi.jsonl", [1, 2], _marked_score, model="toy"
+    )
     judge_with_markers(refinement)
     site = root / "site"
     explore.build_site([small, recollection.path, refinement.path], site, resamples=50, progress=False)
@@ -361,19 +410,32 @@ def test_mteval_run_shows_its_scores_per_task_and_turn(mixed_site):
 def test_sysbench_session_and_mteval_dialogue_with_one_id_stay_apart(mixed_site, dataset):
     site = mixed_site["site"]
     index = _index(site)
-    assert index["order"] == ["sysbench-1", "sysbench-2", "mteval-recollection-global-inst-1",
-                              "mteval-recollection-global-inst-17", "mteval-recollection-global-inst-21",
-                              "mteval-refinement-1", "mteval-refinement-2"]
+    assert index["order"] == [
+        "sysbench-1",
+        "sysbench-2",
+        "mteval-recollection-global-inst-1",
+        "mteval-recollection-global-inst-17",
+        "mteval-recollection-global-inst-21",
+        "mteval-refinement-1",
+        "mteval-refinement-2",
+    ]
     assert sorted(p.name for p in (site / "data" / "sessions").iterdir()) == sorted(f"{k}.js" for k in index["order"])
-    session, dialogue, other = (index["sessions"][k] for k in ("sysbench-1", "mteval-recollection-global-inst-1",
-                                                                "mteval-refinement-1"))
+    session, dialogue, other = (
+        index["sessions"][k] for k in ("sysbench-1", "mteval-recollection-global-inst-1", "mteval-refinement-1")
+    )
     assert (session["id"], dialogue["id"], other["id"]) == (1, 1, 1)
     assert [r is not None for r in session["runs"]] == [True, False, False]
     assert [r is not None for r in dialogue["runs"]] == [False, True, False]
     assert [r is not None for r in other["runs"]] == [False, False, True]
     # SysBench shows as it does alone: verdicts per constraint, pass or fail, failed types, first failing turn.
-    assert session["runs"][0] == {"judged": 5, "passed": 4, "generated": 5, "first_fail": 2, "leading": 1,
-                                  "failed_types": [dataset.by_id()[1].turn(2).constraints[0].type]}
+    assert session["runs"][0] == {
+        "judged": 5,
+        "passed": 4,
+        "generated": 5,
+        "first_fail": 2,
+        "leading": 1,
+        "failed_types": [dataset.by_id()[1].turn(2).constraints[0].type],
+    }
     assert session["domain"] == dataset.by_id()[1].domain and "task" not in session
     sysbench_page = _session(site, "sessions", 1)
     assert sysbench_page["benchmark"] == "sysbench" and sysbench_page["runs_with_other_text"] == []
@@ -410,13 +472,26 @@ def browser():
 
     paths = _browser_paths()
     if paths is None:
-        pytest.skip("no headless browser: install Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
+        pytest.skip(
+            "no headless browser: install Debian's chromium and chromium-driver "
+            "(apt-get install chromium chromium-driver)"
+        )
     options = Options()
     options.binary_location = paths[0]
     profile = tempfile.mkdtemp(prefix="explore-chromium-")
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1400,1000", f"--user-data-dir={profile}"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+        f"--user-data-dir={profile}",
+    ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # console errors, CSP refusals included
     try:
@@ -481,7 +556,10 @@ def test_browser_index_filter_session_and_attention_arms(browser, fixture_runs, 
     (row,) = driver.find_elements(By.CSS_SELECTOR, "#sessions tbody tr")
     assert row.get_attribute("data-id") == "1" and "2" in row.text
     Select(driver.find_element(By.ID, "f-outcome")).select_by_value("incomplete")  # session 2: turn 5 not judged
-    _wait(driver, lambda d: [r.get_attribute("data-id") for r in d.find_elements(By.CSS_SELECTOR, "#sessions tbody tr")] == ["2"])
+    _wait(
+        driver,
+        lambda d: [r.get_attribute("data-id") for r in d.find_elements(By.CSS_SELECTOR, "#sessions tbody tr")] == ["2"],
+    )
     Select(driver.find_element(By.ID, "f-outcome")).select_by_value("failing")
     assert "outcome=failing" in driver.current_url
     # Sorting by the first failing turn over gpt4o's failing sessions puts turn 1 failures first.
@@ -538,8 +616,13 @@ def test_browser_index_filter_session_and_attention_arms(browser, fixture_runs, 
     _wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#turn-2 .replies .card")) == 1)
     assert "show=1" in driver.current_url
     driver.find_element(By.ID, "next").click()
-    _wait(driver, lambda d: d.find_element(By.ID, "title").text == "Session 2"
-          and len(d.find_elements(By.CSS_SELECTOR, "article.turn")) == 5)
+    _wait(
+        driver,
+        lambda d: (
+            d.find_element(By.ID, "title").text == "Session 2"
+            and len(d.find_elements(By.CSS_SELECTOR, "article.turn")) == 5
+        ),
+    )
     assert len(driver.find_elements(By.CSS_SELECTOR, "#turn-1 .replies .card")) == 1
     assert driver.find_element(By.CSS_SELECTOR, "#turn-5 .card .badge").text == "not judged"
     _wait(driver, lambda d: d.find_element(By.ID, "attn-view").get_attribute("data-arm") == "system")
@@ -605,9 +688,11 @@ def test_browser_mteval_scores_beside_sysbench(browser, mixed_site, tmp_path):
     Select(driver.find_element(By.ID, "f-f_task")).select_by_value("recollection-global-inst")
     _wait(driver, lambda d: d.find_element(By.ID, "count").text.startswith("showing 3 of 7"))
     rows = driver.find_elements(By.CSS_SELECTOR, "#sessions tbody tr")
-    assert [r.get_attribute("data-key") for r in rows] == ["mteval-recollection-global-inst-1",
-                                                           "mteval-recollection-global-inst-17",
-                                                           "mteval-recollection-global-inst-21"]
+    assert [r.get_attribute("data-key") for r in rows] == [
+        "mteval-recollection-global-inst-1",
+        "mteval-recollection-global-inst-17",
+        "mteval-recollection-global-inst-21",
+    ]
     assert "3.00" in rows[0].text and "judged: 0" not in rows[0].text
     assert {r.get_attribute("data-outcome") for r in rows} == {"scored"}
     _screenshot(driver, tmp_path, "explore-mixed-index")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fake_engine import FakeEngine, Interrupted
 
-from sysbench_gpu.benchmarks.base import load_dataset
+from sysbench_gpu.benchmarks.registry import load_dataset
 from sysbench_gpu.cli import main
 from sysbench_gpu.core.ablation_files import DISTRACTORS_FILE, Exchange, read_distractors
 from sysbench_gpu.core.errors import SysbenchError
@@ -16,7 +16,7 @@ from sysbench_gpu.core.locks import stage_lock
 from sysbench_gpu.core.messages import SYSTEM_FOLD_SEPARATOR
 from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.engines.base import SamplingSpec
-from sysbench_gpu.generation.scheduler import run_generation
+from sysbench_gpu.generation.run import run_generation
 from sysbench_gpu.generation.settings import GenerateSettings
 
 SAMPLING = SamplingSpec(max_tokens=10)
@@ -64,18 +64,47 @@ def test_single_turn_is_one_call_of_ten_requests(dataset, tmp_path):
     stats = json.loads(run.stats_path.read_text())
     assert [(c["turn"], c["requests"]) for c in stats["calls"]] == [("all", 10)]
     stage = run.read_manifest()["stages"]["generate"]
-    assert {k: stage[k] for k in ("benchmark", "history", "distractor_turns", "distractor_seed", "system_message",
-                                  "task")} == {
-        "benchmark": "sysbench", "history": "single-turn", "distractor_turns": 0, "distractor_seed": None,
-        "system_message": None, "task": None}
+    assert {
+        k: stage[k] for k in ("benchmark", "history", "distractor_turns", "distractor_seed", "system_message", "task")
+    } == {
+        "benchmark": "sysbench",
+        "history": "single-turn",
+        "distractor_turns": 0,
+        "distractor_seed": None,
+        "system_message": None,
+        "task": None,
+    }
     assert not (run.path / DISTRACTORS_FILE).exists()
 
 
 def test_cli_single_turn_limit_two_is_one_call_of_ten(sessions_file, smollm2_path, tmp_path, capsys):
     out = tmp_path / "run"
     # Sessions 289 and 461 have the shortest prompts of the file (about 5x shorter than sessions 1-2): a fast CPU call.
-    assert main(["generate", "--data", str(sessions_file), "--model", "smollm2", "--engine", "hf", "--sessions", "289,461",
-                 "--limit", "2", "--history", "single-turn", "--max-tokens", "1", "--out", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--data",
+                str(sessions_file),
+                "--model",
+                "smollm2",
+                "--engine",
+                "hf",
+                "--sessions",
+                "289,461",
+                "--limit",
+                "2",
+                "--history",
+                "single-turn",
+                "--max-tokens",
+                "1",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert "10 records (10 new, 0 skipped)" in capsys.readouterr().out
     stats = json.loads((out / "stats.json").read_text())
     assert [(c["turn"], c["requests"]) for c in stats["calls"]] == [("all", 10)]
@@ -96,8 +125,10 @@ def test_two_distractors_before_turn_one_exact_conversations(dataset, raw_sessio
     # Pinned draw (seed 0, K 2) over the whole file's pool: session 484 turn 2, then session 363 turn 1.
     d1, d2 = raw_sessions[484], raw_sessions[363]
     distractors = [
-        _m("user", _user(d1, 2)), _m("assistant", _reference(d1, 2)),
-        _m("user", _user(d2, 1)), _m("assistant", _reference(d2, 1)),
+        _m("user", _user(d1, 2)),
+        _m("assistant", _reference(d1, 2)),
+        _m("user", _user(d2, 1)),
+        _m("assistant", _reference(d2, 1)),
     ]
     assert _user(d2, 1) == "你能告诉我2022年11月的美国中期选举的结果吗？"
     for turn in range(1, 6):
@@ -115,25 +146,40 @@ def test_two_distractors_before_turn_one_exact_conversations(dataset, raw_sessio
     assert stage["distractors_file"] == DISTRACTORS_FILE
     count, chosen = read_distractors(run.path / DISTRACTORS_FILE)
     assert count == 2 and sorted(chosen) == [1, 2]
-    assert chosen[1] == (Exchange(484, 2, _user(d1, 2), _reference(d1, 2)), Exchange(363, 1, _user(d2, 1), _reference(d2, 1)))
+    assert chosen[1] == (
+        Exchange(484, 2, _user(d1, 2), _reference(d1, 2)),
+        Exchange(363, 1, _user(d2, 1), _reference(d2, 1)),
+    )
 
 
 def test_distractors_with_reference_and_single_turn_history(tmp_path):
     demo = load_dataset("demo")
     session = demo.sessions[0]
     engine = FakeEngine()
-    run_generation(engine, demo, [session], tmp_path / "ref", _settings(history="reference", distractor_turns=1),
-                   progress=False)
+    run_generation(
+        engine, demo, [session], tmp_path / "ref", _settings(history="reference", distractor_turns=1), progress=False
+    )
     (call,) = engine.calls
     exchange = call[0][1:3]
     assert exchange[0]["role"] == "user" and exchange[0]["content"] not in {t.user for t in session.turns}
-    assert call[2] == [_m("system", session.system_prompt), *exchange,
-                       _m("user", session.turn(1).user), _m("assistant", session.turn(1).reference),
-                       _m("user", session.turn(2).user), _m("assistant", session.turn(2).reference),
-                       _m("user", session.turn(3).user)]
+    assert call[2] == [
+        _m("system", session.system_prompt),
+        *exchange,
+        _m("user", session.turn(1).user),
+        _m("assistant", session.turn(1).reference),
+        _m("user", session.turn(2).user),
+        _m("assistant", session.turn(2).reference),
+        _m("user", session.turn(3).user),
+    ]
     engine = FakeEngine()
-    run_generation(engine, demo, [session], tmp_path / "single", _settings(history="single-turn", distractor_turns=1),
-                   progress=False)
+    run_generation(
+        engine,
+        demo,
+        [session],
+        tmp_path / "single",
+        _settings(history="single-turn", distractor_turns=1),
+        progress=False,
+    )
     (call,) = engine.calls
     assert call[3] == [_m("system", session.system_prompt), *exchange, _m("user", session.turn(4).user)]
 
@@ -189,10 +235,10 @@ def _user_of(dataset, system_id: int, turn: int) -> str:
 
 def test_an_ablation_run_holds_the_stage_lock(dataset, tmp_path):
     run = RunDir(tmp_path / "run")
-    with stage_lock(run.path, "generate"):
-        with pytest.raises(SysbenchError, match="generate"):
-            run_generation(FakeEngine(), dataset, dataset.select(limit=1), run, _settings(history="single-turn"),
-                           progress=False)
+    with stage_lock(run.path, "generate"), pytest.raises(SysbenchError, match="generate"):
+        run_generation(
+            FakeEngine(), dataset, dataset.select(limit=1), run, _settings(history="single-turn"), progress=False
+        )
     assert not run.generations.path.exists()
 
 
@@ -208,13 +254,30 @@ def test_an_ablation_run_holds_the_stage_lock(dataset, tmp_path):
         ({}, ["--distractor-turns", "1"], "distractor_turns"),
     ],
 )
-def test_mixing_ablations_in_one_out_is_one_line_naming_the_field(dataset, sessions_file, tmp_path, capsys,
-                                                                  first, flags, field):
+def test_mixing_ablations_in_one_out_is_one_line_naming_the_field(
+    dataset, sessions_file, tmp_path, capsys, first, flags, field
+):
     out = tmp_path / "run"
     run_generation(FakeEngine(), dataset, dataset.select(limit=1), out, _settings(**first), progress=False)
     before = (out / "generations.jsonl").read_bytes()
-    code = main(["generate", "--data", str(sessions_file), "--model", "smollm2", "--engine", "hf", "--limit", "1",
-                 "--max-tokens", "10", "--out", str(out), *flags])
+    code = main(
+        [
+            "generate",
+            "--data",
+            str(sessions_file),
+            "--model",
+            "smollm2",
+            "--engine",
+            "hf",
+            "--limit",
+            "1",
+            "--max-tokens",
+            "10",
+            "--out",
+            str(out),
+            *flags,
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
     assert f"field '{field}' was" in err and "one run directory holds one ablation" in err
@@ -222,7 +285,17 @@ def test_mixing_ablations_in_one_out_is_one_line_naming_the_field(dataset, sessi
 
 
 def test_distractor_flag_errors(sessions_file, tmp_path, capsys):
-    base = ["generate", "--data", str(sessions_file), "--model", "smollm2", "--engine", "hf", "--out", str(tmp_path / "r")]
+    base = [
+        "generate",
+        "--data",
+        str(sessions_file),
+        "--model",
+        "smollm2",
+        "--engine",
+        "hf",
+        "--out",
+        str(tmp_path / "r"),
+    ]
     assert main(base + ["--distractor-seed", "3"]) == 2
     assert "--distractor-seed needs --distractor-turns" in capsys.readouterr().err
     assert main(base + ["--distractor-turns", "-1"]) == 2

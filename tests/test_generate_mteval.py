@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from fake_engine import FakeEngine, Interrupted
 
-from sysbench_gpu.benchmarks.base import load_dataset, load_run_sessions
 from sysbench_gpu.benchmarks.mteval.tasks import DEFAULT_SYSTEM_MESSAGE
+from sysbench_gpu.benchmarks.registry import load_dataset, load_run_sessions
 from sysbench_gpu.cli import main
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.engines.base import SamplingSpec
-from sysbench_gpu.generation.scheduler import run_generation
+from sysbench_gpu.generation.run import run_generation
 from sysbench_gpu.generation.settings import GenerateSettings
 
 SETTINGS = GenerateSettings(model="fake-model", engine="hf", sampling=SamplingSpec(max_tokens=10))
@@ -27,10 +27,14 @@ def _turn(user: str, sys: str, answered: bool) -> dict:
 # Dialogue 1: context, answered, context, answered (the shape of follow-up).
 # Dialogue 2: answered, answered, context, answered. Dialogue 3: one answered turn.
 DIALOGUES = [
-    {"id": "a", "conv": [_turn("a1", "A1", False), _turn("a2", "A2", True), _turn("a3", "A3", False),
-                         _turn("a4", "A4", True)]},
-    {"id": "b", "conv": [_turn("b1", "B1", True), _turn("b2", "B2", True), _turn("b3", "B3", False),
-                         _turn("b4", "B4", True)]},
+    {
+        "id": "a",
+        "conv": [_turn("a1", "A1", False), _turn("a2", "A2", True), _turn("a3", "A3", False), _turn("a4", "A4", True)],
+    },
+    {
+        "id": "b",
+        "conv": [_turn("b1", "B1", True), _turn("b2", "B2", True), _turn("b3", "B3", False), _turn("b4", "B4", True)],
+    },
     {"id": "c", "conv": [_turn("c1", "C1", True)]},
 ]
 ANSWERED = {1: [2, 4], 2: [1, 2, 4], 3: [1]}
@@ -66,16 +70,22 @@ def test_call_k_holds_the_kth_answered_turns_with_own_replies_and_given_context(
     assert engine.calls[0][0] == [SYSTEM, _m("user", "a1"), _m("assistant", "A1"), _m("user", "a2")]
     assert engine.calls[1][0] == [
         SYSTEM,
-        _m("user", "a1"), _m("assistant", "A1"),
-        _m("user", "a2"), _m("assistant", reply[(1, 2)]),
-        _m("user", "a3"), _m("assistant", "A3"),
+        _m("user", "a1"),
+        _m("assistant", "A1"),
+        _m("user", "a2"),
+        _m("assistant", reply[(1, 2)]),
+        _m("user", "a3"),
+        _m("assistant", "A3"),
         _m("user", "a4"),
     ]
     assert engine.calls[2][0] == [
         SYSTEM,
-        _m("user", "b1"), _m("assistant", reply[(2, 1)]),
-        _m("user", "b2"), _m("assistant", reply[(2, 2)]),
-        _m("user", "b3"), _m("assistant", "B3"),
+        _m("user", "b1"),
+        _m("assistant", reply[(2, 1)]),
+        _m("user", "b2"),
+        _m("assistant", reply[(2, 2)]),
+        _m("user", "b3"),
+        _m("assistant", "B3"),
         _m("user", "b4"),
     ]
     assert engine.calls[0][2] == [SYSTEM, _m("user", "c1")]
@@ -83,10 +93,18 @@ def test_call_k_holds_the_kth_answered_turns_with_own_replies_and_given_context(
     stats = json.loads(run.stats_path.read_text())
     assert [(c["turn"], c["requests"]) for c in stats["calls"]] == [(1, 3), (2, 2), (3, 1)]
     stage = run.read_manifest()["stages"]["generate"]
-    assert {k: stage[k] for k in ("benchmark", "task", "history", "distractor_turns", "distractor_seed",
-                                  "system_message", "n_records")} == {
-        "benchmark": "mteval", "task": "follow-up", "history": "model", "distractor_turns": 0,
-        "distractor_seed": None, "system_message": DEFAULT_SYSTEM_MESSAGE, "n_records": 6}
+    assert {
+        k: stage[k]
+        for k in ("benchmark", "task", "history", "distractor_turns", "distractor_seed", "system_message", "n_records")
+    } == {
+        "benchmark": "mteval",
+        "task": "follow-up",
+        "history": "model",
+        "distractor_turns": 0,
+        "distractor_seed": None,
+        "system_message": DEFAULT_SYSTEM_MESSAGE,
+        "n_records": 6,
+    }
     # The snapshot is MT-Eval JSON Lines and reads back equal.
     assert load_run_sessions(run) == list(data.sessions)
 
@@ -112,15 +130,20 @@ def test_killed_between_calls_then_rerun_gives_identical_records(tmp_path):
 def test_reference_history_is_one_call_with_sys_everywhere(tmp_path):
     data = load_dataset(_write(tmp_path))
     engine = FakeEngine()
-    settings = GenerateSettings(model="fake-model", engine="hf", history="reference", sampling=SamplingSpec(max_tokens=10))
+    settings = GenerateSettings(
+        model="fake-model", engine="hf", history="reference", sampling=SamplingSpec(max_tokens=10)
+    )
     run = RunDir(tmp_path / "run")
     run_generation(engine, data, list(data.sessions), run, settings, progress=False)
     assert len(engine.calls) == 1 and len(engine.calls[0]) == 6
     assert engine.calls[0][4] == [  # dialogue 2, turn 4
         SYSTEM,
-        _m("user", "b1"), _m("assistant", "B1"),
-        _m("user", "b2"), _m("assistant", "B2"),
-        _m("user", "b3"), _m("assistant", "B3"),
+        _m("user", "b1"),
+        _m("assistant", "B1"),
+        _m("user", "b2"),
+        _m("assistant", "B2"),
+        _m("user", "b3"),
+        _m("assistant", "B3"),
         _m("user", "b4"),
     ]
     assert {r.history for r in run.generations.read().values()} == {"reference"}
@@ -171,8 +194,24 @@ def test_sysbench_ablations_are_refused_on_mteval(tmp_path):
 
 def test_cli_follow_up_limit_two_is_six_records_in_three_calls(mteval_data_dir, smollm2_path, tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["generate", "--data", str(mteval_data_dir / "follow-up_multi.jsonl"), "--model", "smollm2",
-                 "--engine", "hf", "--limit", "2", "--max-tokens", "1", "--out", str(out), "--no-progress"])
+    code = main(
+        [
+            "generate",
+            "--data",
+            str(mteval_data_dir / "follow-up_multi.jsonl"),
+            "--model",
+            "smollm2",
+            "--engine",
+            "hf",
+            "--limit",
+            "2",
+            "--max-tokens",
+            "1",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     assert "6 records (6 new, 0 skipped)" in capsys.readouterr().out
     run = RunDir(out)
@@ -183,7 +222,26 @@ def test_cli_follow_up_limit_two_is_six_records_in_three_calls(mteval_data_dir, 
     assert stage["benchmark"] == "mteval" and stage["task"] == "follow-up"
     assert stage["system_message"] == DEFAULT_SYSTEM_MESSAGE and stage["history"] == "model"
     # The --system-message of a rerun must match the run's.
-    assert main(["generate", "--data", str(mteval_data_dir / "follow-up_multi.jsonl"), "--model", "smollm2",
-                 "--engine", "hf", "--limit", "2", "--max-tokens", "1", "--out", str(out),
-                 "--system-message", "Be terse."]) == 2
+    assert (
+        main(
+            [
+                "generate",
+                "--data",
+                str(mteval_data_dir / "follow-up_multi.jsonl"),
+                "--model",
+                "smollm2",
+                "--engine",
+                "hf",
+                "--limit",
+                "2",
+                "--max-tokens",
+                "1",
+                "--out",
+                str(out),
+                "--system-message",
+                "Be terse.",
+            ]
+        )
+        == 2
+    )
     assert "field 'system_message'" in capsys.readouterr().err

@@ -12,18 +12,25 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from sysbench_gpu.attention.hooks import AttentionShareCapture
-from sysbench_gpu.attention.kernels import flash_attn_installed  # noqa: E402
-from sysbench_gpu.attention.span_math import eager_reference_shares, span_share, span_share_given_lse  # noqa: E402
-from sysbench_gpu.engines.base import SamplingSpec  # noqa: E402
+from sysbench_gpu.attention.hooks import AttentionShareCapture  # noqa: E402 (after importorskip: torch and transformers are optional)
+from sysbench_gpu.attention.kernels import flash_attn_installed  # noqa: E402 (after importorskip: torch and transformers are optional)
+from sysbench_gpu.attention.span_math import eager_reference_shares, span_share, span_share_given_lse  # noqa: E402 (after importorskip: torch and transformers are optional)
+from sysbench_gpu.engines.base import SamplingSpec  # noqa: E402 (after importorskip: torch and transformers are optional)
 
 pytestmark = pytest.mark.gpu
 
 
 def _tiny(kind: str, dtype: torch.dtype):
     torch.manual_seed(0)
-    common = dict(vocab_size=97, hidden_size=128, intermediate_size=192, num_hidden_layers=4,
-                  num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
+    common = dict(
+        vocab_size=97,
+        hidden_size=128,
+        intermediate_size=192,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
     if kind == "mistral-window":
         model = transformers.MistralForCausalLM(transformers.MistralConfig(**common, sliding_window=300))
     else:
@@ -38,8 +45,11 @@ def test_span_math_on_cuda_matches_cpu():
     on_cpu = span_share(q, k, spans, scale=0.125, q_chunk=128, k_chunk=200)
     on_gpu = span_share(q.cuda(), k.cuda(), spans, scale=0.125, q_chunk=128, k_chunk=200)
     assert torch.allclose(on_gpu.cpu(), on_cpu, atol=1e-5)
-    lse = (q @ k.repeat_interleave(4, dim=1).transpose(-1, -2) * 0.125).masked_fill(
-        torch.ones(700, 700, dtype=torch.bool).triu(1), float("-inf")).logsumexp(-1)
+    lse = (
+        (q @ k.repeat_interleave(4, dim=1).transpose(-1, -2) * 0.125)
+        .masked_fill(torch.ones(700, 700, dtype=torch.bool).triu(1), float("-inf"))
+        .logsumexp(-1)
+    )
     given_cpu = span_share_given_lse(q, k, spans, lse, scale=0.125, q_chunk=128, k_chunk=200)
     given_gpu = span_share_given_lse(q.cuda(), k.cuda(), spans, lse.cuda(), scale=0.125, q_chunk=128, k_chunk=200)
     assert torch.allclose(given_gpu.cpu(), given_cpu, atol=1e-5) and torch.allclose(given_cpu, on_cpu, atol=1e-5)
@@ -80,12 +90,17 @@ def test_capture_on_cuda_kernels_matches_eager_and_keeps_logits(kind, dtype, ker
     with torch.no_grad():
         plain = model(input_ids=ids).logits
     for path in ("auto", "fallback"):
-        with AttentionShareCapture(model, layers=[2, 3], spans=spans, chunk_tokens=512, path=path) as capture:
-            with torch.no_grad():
-                logits = model(input_ids=ids).logits
+        with (
+            AttentionShareCapture(model, layers=[2, 3], spans=spans, chunk_tokens=512, path=path) as capture,
+            torch.no_grad(),
+        ):
+            logits = model(input_ids=ids).logits
         difference = float((logits.float() - plain.float()).abs().max())
-        print(f"{kind} {dtype} {path}: logits differ from the model's own SDPA by {difference:.2e}; paths {capture.paths}")
-        # The same kernel as SDPA picks gives equal logits; another kernel (flash-attn, efficient for fp32) rounds differently.
+        print(
+            f"{kind} {dtype} {path}: logits differ from the model's own SDPA by {difference:.2e}; paths {capture.paths}"
+        )
+        # The same kernel as SDPA picks gives equal logits; another kernel (flash-attn, efficient for fp32)
+        # rounds differently.
         assert difference <= (0.0 if path == "fallback" else 5e-2 if dtype == torch.bfloat16 else 1e-4)
         for layer in (2, 3):
             if path == "auto":
@@ -104,15 +119,22 @@ def test_each_cuda_kernel_returns_sdpa_output_and_dense_lse(name):
     torch.manual_seed(0)
     dtype = torch.float32 if name == "cuda_efficient_attention" else torch.bfloat16
     q = torch.randn(1, 8, 333, 64, device="cuda", dtype=dtype)
-    k, v = torch.randn(1, 2, 333, 64, device="cuda", dtype=dtype), torch.randn(1, 2, 333, 64, device="cuda", dtype=dtype)
+    k, v = (
+        torch.randn(1, 2, 333, 64, device="cuda", dtype=dtype),
+        torch.randn(1, 2, 333, 64, device="cuda", dtype=dtype),
+    )
     result = getattr(attn_kernels, name)(q, k, v, None, attn_kernels.KernelInputs(scale=None, is_causal=True))
-    reference = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True, enable_gqa=True)
+    reference = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), is_causal=True, enable_gqa=True
+    )
     assert result.output.shape == (1, 333, 8, 64) and result.lse.shape == (1, 8, 333)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     assert torch.allclose(result.output.float(), reference.transpose(1, 2), atol=tolerance)
     keys = k.float().repeat_interleave(4, dim=1)
     scores = (q.float() @ keys.transpose(-1, -2)) * 64**-0.5
-    dense = scores.masked_fill(torch.ones(333, 333, dtype=torch.bool, device="cuda").triu(1), float("-inf")).logsumexp(-1)
+    dense = scores.masked_fill(torch.ones(333, 333, dtype=torch.bool, device="cuda").triu(1), float("-inf")).logsumexp(
+        -1
+    )
     assert torch.allclose(result.lse.float(), dense, atol=1e-3 if dtype == torch.bfloat16 else 1e-5)
     # Shares from this LSE equal those of the dense softmax.
     shares = span_share_given_lse(q, k, [(0, 40)], result.lse)

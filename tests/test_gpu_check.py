@@ -42,11 +42,24 @@ def test_bench_measure_has_the_contract_gpu_check_calls() -> None:
 def test_configs_are_the_published_shapes_and_scaled_ones_keep_the_architecture() -> None:
     gpu_check = _gpu_check()
     qwen, llama = gpu_check.published_config("qwen2-7b"), gpu_check.published_config("llama-3.1-8b")
-    assert (qwen["num_hidden_layers"], qwen["hidden_size"], qwen["num_attention_heads"], qwen["num_key_value_heads"],
-            qwen["intermediate_size"], qwen["vocab_size"], qwen["rope_theta"]) == (28, 3584, 28, 4, 18944, 152064, 1e6)
-    assert (llama["num_hidden_layers"], llama["hidden_size"], llama["num_attention_heads"],
-            llama["num_key_value_heads"], llama["intermediate_size"], llama["vocab_size"], llama["rope_theta"]) == (
-        32, 4096, 32, 8, 14336, 128256, 500000.0)
+    assert (
+        qwen["num_hidden_layers"],
+        qwen["hidden_size"],
+        qwen["num_attention_heads"],
+        qwen["num_key_value_heads"],
+        qwen["intermediate_size"],
+        qwen["vocab_size"],
+        qwen["rope_theta"],
+    ) == (28, 3584, 28, 4, 18944, 152064, 1e6)
+    assert (
+        llama["num_hidden_layers"],
+        llama["hidden_size"],
+        llama["num_attention_heads"],
+        llama["num_key_value_heads"],
+        llama["intermediate_size"],
+        llama["vocab_size"],
+        llama["rope_theta"],
+    ) == (32, 4096, 32, 8, 14336, 128256, 500000.0)
     assert llama["rope_scaling"]["rope_type"] == "llama3"
     for name in gpu_check.MODELS:
         full, scaled = gpu_check.published_config(name), gpu_check.model_config(name, scaled=True)

@@ -9,7 +9,7 @@ import pytest
 from openai_stub import OpenAIStub, Reply
 
 from sysbench_gpu import cli
-from sysbench_gpu.benchmarks.base import load_run_sessions
+from sysbench_gpu.benchmarks.registry import load_run_sessions
 from sysbench_gpu.benchmarks.sysbench.agreement import cohens_kappa, compare_runs
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.rundir import RunDir
@@ -17,7 +17,11 @@ from sysbench_gpu.core.rundir import RunDir
 pytest.importorskip("openai")
 
 SESSIONS = "289,461"
-CURRENT = re.compile(r"# Current round\n<role: user>\n<content>\n(.*)\n</content>\n<role: assistant>\n<content>\n(.*)\n</content>\n\n# Checklist", re.S)
+CURRENT = re.compile(
+    r"# Current round\n<role: user>\n<content>\n(.*)\n</content>\n"
+    r"<role: assistant>\n<content>\n(.*)\n</content>\n\n# Checklist",
+    re.S,
+)
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +105,11 @@ def test_rejudged_copy_agrees_with_its_source(imported, tmp_path, capsys, monkey
     sessions = {s.system_id: s for s in load_run_sessions(RunDir(tmp_path / "flipped"))}
     judged = source.judgments.read()
     values = [
-        (judged[(sid, t.index)].verdicts.get(str(c.id)).value if judged[(sid, t.index)].verdicts.get(str(c.id)) else "other")
+        (
+            judged[(sid, t.index)].verdicts.get(str(c.id)).value
+            if judged[(sid, t.index)].verdicts.get(str(c.id))
+            else "other"
+        )
         for sid, s in sessions.items()
         for t in s.turns
         for c in t.constraints

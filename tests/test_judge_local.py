@@ -13,7 +13,7 @@ import pytest
 from test_judge_support import good_reply, make_run, marker
 
 from sysbench_gpu import cli
-from sysbench_gpu.benchmarks.base import load_run_sessions
+from sysbench_gpu.benchmarks.registry import load_run_sessions
 from sysbench_gpu.benchmarks.sysbench.judge_parse import parse_reply
 from sysbench_gpu.benchmarks.sysbench.judge_prompt import load_template
 from sysbench_gpu.core.rundir import RunDir
@@ -120,13 +120,10 @@ def test_vllm_backend_groups_by_schema_and_records_overlong(tmp_path, dataset):
     judge_run(run, _local_settings(run, "vllm"), lambda: engine, show_progress=False)
     sessions = dataset.by_id()
     groups = {
-        tuple(c.id for c in sessions[s].turn(t).constraints)
-        for s in (1, 2, 3)
-        for t in range(1, 6)
-        if (s, t) != (3, 5)
+        tuple(c.id for c in sessions[s].turn(t).constraints) for s in (1, 2, 3) for t in range(1, 6) if (s, t) != (3, 5)
     }
     assert len(engine.calls) == len(groups)  # one call per distinct checklist
-    for size, sampling in engine.calls:
+    for _size, sampling in engine.calls:
         numbers = sampling.json_schema["properties"]["评判结果"]["required"]
         assert tuple(int(n) for n in numbers) in groups
         assert sampling.json_schema["properties"]["评判理由"]["maxLength"] == 100

@@ -26,9 +26,12 @@ pytest.importorskip("openai")
 EVAL = "ev" + "al"
 EVIL = {
     "evil1": "{{\"评判结果\": __import__('os').system('touch {path}')}}",
-    "evil2": "{{\"评判理由\": \"x\", \"评判结果\": {{\"1\": " + EVAL + "(\"__import__('os').system('touch {path}')\")}}}}",
+    "evil2": '{{"评判理由": "x", "评判结果": {{"1": ' + EVAL + "(\"__import__('os').system('touch {path}')\")}}}}",
     "evil3": "```json\n{{'评判结果': {{1: (lambda: __import__('os').system('touch {path}'))()}}}}\n```",
-    "evil4": "```python\nimport os\nos.system('touch {path}')\n```\n{{\"评判结果\": {{\"1\": \"是\"}}, \"x\": open('{path}', 'w')}}",
+    "evil4": (
+        "```python\nimport os\nos.system('touch {path}')\n```\n"
+        '{{"评判结果": {{"1": "是"}}, "x": open(\'{path}\', \'w\')}}'
+    ),
 }
 
 
@@ -264,7 +267,10 @@ def test_cli_custom_template_file(tmp_path, dataset, capsys, monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     run = make_run(tmp_path / "run", dataset, [6])
     good = tmp_path / "mine.txt"
-    good.write_text("Sys: {system_prompt}\n{history}\nQ: {user}\nA: {answer}\n{checklist}\nJSON {{\"评判结果\": {verdict_example}}} for {checklist_numbers}\n")
+    good.write_text(
+        "Sys: {system_prompt}\n{history}\nQ: {user}\nA: {answer}\n{checklist}\n"
+        'JSON {{"评判结果": {verdict_example}}} for {checklist_numbers}\n'
+    )
     bad = tmp_path / "bad.txt"
     bad.write_text("{answer} {checklist} {answer.__class__}")
     unknown = tmp_path / "unknown.txt"
@@ -311,7 +317,7 @@ def test_live_judge_vocabulary_never_passes_an_off_vocabulary_verdict(tmp_path, 
     assert (summary.judged, summary.unparsed) == (4, 1)
     assert {v.value for v in records[(2, 1)].verdicts.values()} == {"no"} and records[(2, 1)].passed is False
     assert {v.value for v in records[(2, 2)].verdicts.values()} == {"other"} and records[(2, 2)].passed is True
-    assert records[(2, 3)].attempts == 2 and "verdict 2 is \"maybe\"" in records[(2, 3)].extra["failures"][0]
+    assert records[(2, 3)].attempts == 2 and 'verdict 2 is "maybe"' in records[(2, 3)].extra["failures"][0]
     assert records[(2, 4)].parse_status == "unparsed" and records[(2, 4)].attempts == 3 and asked[4] == 3
     assert {v.value for v in records[(2, 5)].verdicts.values()} == {"yes"}
     for record in records.values():

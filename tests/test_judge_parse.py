@@ -26,7 +26,10 @@ def values(result):
 
 
 def test_fenced_json_with_reasoning():
-    text = '好的，结果如下：\n```json\n{"评判理由": "第1条满足", "评判结果": {"1": "是", "2": "否", "3": "是"}}\n```\n以上。'
+    text = (
+        '好的，结果如下：\n```json\n{"评判理由": "第1条满足", "评判结果": {"1": "是", "2": "否", "3": "是"}}\n'
+        "```\n以上。"
+    )
     result = parse_reply(text, C3)
     assert result.ok and not result.repaired
     assert values(result) == {"1": "yes", "2": "no", "3": "yes"}
@@ -35,7 +38,10 @@ def test_fenced_json_with_reasoning():
 
 
 def test_bare_json_with_braces_inside_strings():
-    text = 'Here: {"reasoning": "the answer used {curly} braces and a \\"quote\\" }", "verdicts": {"1": "yes", "2": "no", "3": "No."}} done'
+    text = (
+        'Here: {"reasoning": "the answer used {curly} braces and a \\"quote\\" }", '
+        '"verdicts": {"1": "yes", "2": "no", "3": "No."}} done'
+    )
     result = parse_reply(text, C3)
     assert result.ok
     assert values(result) == {"1": "yes", "2": "no", "3": "no"}
@@ -56,16 +62,22 @@ def test_not_applicable_values_are_other_and_kept_raw():
     assert [v.raw for v in result.verdicts.values()] == ["不适用", "N/A", "无法判断"]
 
 
-@pytest.mark.parametrize("raw", ["部分是", "maybe", "`print('x')`", "部分满足", "yes and no", "是，但部分不符合", "不完全满足", "忽略"])
+@pytest.mark.parametrize(
+    "raw", ["部分是", "maybe", "`print('x')`", "部分满足", "yes and no", "是，但部分不符合", "不完全满足", "忽略"]
+)
 def test_off_vocabulary_verdict_makes_the_reply_invalid(raw):
     result = parse_reply(json.dumps({"评判结果": {"1": raw, "2": "是", "3": "是"}}, ensure_ascii=False), C3)
     assert not result.ok and "verdict 1" in result.error and "not yes, no or not applicable" in result.error
 
 
 def test_booleans_accepted_but_numbers_null_and_empty_are_failures():
-    assert values(parse_reply('{"评判结果": {"1": true, "2": false, "3": "是"}}', C3)) == {"1": "yes", "2": "no", "3": "yes"}
+    assert values(parse_reply('{"评判结果": {"1": true, "2": false, "3": "是"}}', C3)) == {
+        "1": "yes",
+        "2": "no",
+        "3": "yes",
+    }
     for bad in ("1", "null", '""', '["是"]', '{"x": "是"}'):
-        result = parse_reply('{"评判结果": {"1": %s, "2": "是", "3": "是"}}' % bad, C3)
+        result = parse_reply(f'{{"评判结果": {{"1": {bad}, "2": "是", "3": "是"}}}}', C3)
         assert not result.ok and "verdict 1" in result.error
 
 
@@ -99,11 +111,11 @@ def test_top_level_number_map_and_first_valid_candidate():
 EVAL, EXEC = "ev" + "al", "ex" + "ec"
 INJECTIONS = [
     "{\"评判结果\": __import__('os').system('touch /tmp/PWNED_x')}",
-    "{\"评判结果\": {\"1\": " + EVAL + "(\"1+1\"), \"2\": \"是\", \"3\": \"是\"}}",
+    '{"评判结果": {"1": ' + EVAL + '("1+1"), "2": "是", "3": "是"}}',
     "{'评判结果': {1: (lambda: __import__('os').system('touch /tmp/PWNED_y'))(), 2: '是', 3: '是'}}",
     "```python\n__import__('os').system('touch /tmp/PWNED_z')\n```",
     '{"评判结果": {"1": "是", "2": "是", "3": "是"}, "x": ' + EXEC + '("import os")}',
-    "{\"评判结果\": {\"1\": \"是\", \"2\": \"是\", \"3\": globals()}}",
+    '{"评判结果": {"1": "是", "2": "是", "3": globals()}}',
 ]
 
 
@@ -126,7 +138,9 @@ def test_code_in_replies_is_never_run(monkeypatch):
         assert not result.ok, text
     assert calls == []
     source = inspect.getsource(judge_parse)
-    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("#", '"', "`", "-", "1", "2", "3", "4")))
+    code = "\n".join(
+        line for line in source.splitlines() if not line.lstrip().startswith(("#", '"', "`", "-", "1", "2", "3", "4"))
+    )
     assert EVAL + "(" not in code and EXEC + "(" not in code and "literal_" + EVAL not in code
 
 
@@ -140,14 +154,31 @@ def test_repair_is_token_level_only():
 @pytest.mark.parametrize(
     "raw,value",
     [
-        ("是", "yes"), ("否", "no"), ("Yes", "yes"), ("NO", "no"), ("n.a.", "other"), ("不是", "no"), ("不", "no"),
-        ("未满足", "no"), ("不满足", "no"), ("没有满足", "no"), ("No, it does not", "no"), ("NO.", "no"), ("No.", "no"),
-        ("否，回答没有使用表格", "no"), ("Yes - the reply is formal", "yes"), ("是的。", "yes"), ("满足", "yes"),
-        ("不适用", "other"), ("无法评判", "other"), ("Not applicable", "other"), ("N/A", "other"),
+        ("是", "yes"),
+        ("否", "no"),
+        ("Yes", "yes"),
+        ("NO", "no"),
+        ("n.a.", "other"),
+        ("不是", "no"),
+        ("不", "no"),
+        ("未满足", "no"),
+        ("不满足", "no"),
+        ("没有满足", "no"),
+        ("No, it does not", "no"),
+        ("NO.", "no"),
+        ("No.", "no"),
+        ("否，回答没有使用表格", "no"),
+        ("Yes - the reply is formal", "yes"),
+        ("是的。", "yes"),
+        ("满足", "yes"),
+        ("不适用", "other"),
+        ("无法评判", "other"),
+        ("Not applicable", "other"),
+        ("N/A", "other"),
     ],
 )
 def test_value_mapping(raw, value):
-    result = parse_reply('{"verdicts": {"1": "%s"}}' % raw, C3[:1])
+    result = parse_reply(f'{{"verdicts": {{"1": "{raw}"}}}}', C3[:1])
     assert result.ok and result.verdicts["1"].value == value and result.verdicts["1"].raw == raw
 
 
@@ -155,5 +186,11 @@ def test_import_normalization_is_unchanged_by_the_live_vocabulary():
     from sysbench_gpu.core.verdicts import live_verdict, normalize_verdict
 
     # Workbooks keep their values as the paper's numbers were made: anything but 是/否 is other.
-    assert [normalize_verdict(v) for v in ("是", "否", "部分是", "不是", "maybe")] == ["yes", "no", "other", "other", "other"]
+    assert [normalize_verdict(v) for v in ("是", "否", "部分是", "不是", "maybe")] == [
+        "yes",
+        "no",
+        "other",
+        "other",
+        "other",
+    ]
     assert [live_verdict(v) for v in ("是", "否", "部分是", "不是", "maybe")] == ["yes", "no", None, "no", None]

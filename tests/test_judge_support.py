@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
-from sysbench_gpu.benchmarks.base import save_run_sessions
+from sysbench_gpu.benchmarks.registry import save_run_sessions
 from sysbench_gpu.core.records import GenerationRecord
 from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.core.sessions import Dataset, Session

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from sysbench_gpu import cli
-from sysbench_gpu.benchmarks.base import save_run_sessions
+from sysbench_gpu.benchmarks.registry import save_run_sessions
 from sysbench_gpu.benchmarks.runs import compare_runs, run_metrics
 from sysbench_gpu.benchmarks.sysbench.data import CONSTRAINT_TYPES
 from sysbench_gpu.benchmarks.sysbench.metrics import compute_metrics
@@ -26,15 +26,26 @@ RAW_TYPE = {english: chinese for chinese, english in CONSTRAINT_TYPES.items()}
 
 # (dependent, [(alignment, [(type, raw verdict), ...]) per turn])
 TINY = {
-    1: (True, [("aligned", [("content", "是"), ("format", "是")]),
-               ("misaligned", [("action", "否")]),
-               ("aligned", [("content", "是"), ("style", "不适用"), ("role", "是")])]),
-    2: (False, [("aligned", [("content", "是")]),
-                ("aligned", [("format", "是"), ("format", "是")]),
-                ("misaligned", [("action", "否"), ("content", "是")])]),
-    3: (True, [("misaligned", [("action", "否")]),
-               ("aligned", [("content", "否")]),
-               ("misaligned", [("style", "是")])]),
+    1: (
+        True,
+        [
+            ("aligned", [("content", "是"), ("format", "是")]),
+            ("misaligned", [("action", "否")]),
+            ("aligned", [("content", "是"), ("style", "不适用"), ("role", "是")]),
+        ],
+    ),
+    2: (
+        False,
+        [
+            ("aligned", [("content", "是")]),
+            ("aligned", [("format", "是"), ("format", "是")]),
+            ("misaligned", [("action", "否"), ("content", "是")]),
+        ],
+    ),
+    3: (
+        True,
+        [("misaligned", [("action", "否")]), ("aligned", [("content", "否")]), ("misaligned", [("style", "是")])],
+    ),
 }
 
 
@@ -47,10 +58,26 @@ def make_sessions(spec=TINY) -> list[Session]:
                 Constraint(id=n, content=f"rule {n} of {system_id}/{index}", type=kind, type_raw=RAW_TYPE[kind])
                 for n, (kind, _) in enumerate(items, start=1)
             )
-            built.append(Turn(index=index, user=f"user {system_id}/{index}", reference=None,
-                              alignment=alignment, constraints=constraints))
-        sessions.append(Session(system_id=system_id, system_prompt=f"system {system_id}", turns=tuple(built),
-                                dependent=dependent, domain="test", scene=None))
+            built.append(
+                Turn(
+                    index=index,
+                    user=f"user {system_id}/{index}",
+                    reference=None,
+                    alignment=alignment,
+                    constraints=constraints,
+                )
+            )
+        sessions.append(
+            Session(
+                system_id=system_id,
+                system_prompt=f"system {system_id}",
+                turns=tuple(built),
+                dependent=dependent,
+                domain="test",
+                scene=None,
+                benchmark="sysbench",
+            )
+        )
     return sessions
 
 
@@ -58,8 +85,10 @@ def make_judgments(spec=TINY) -> dict[tuple[int, int], JudgmentRecord]:
     judgments = {}
     for system_id, (_, turns) in spec.items():
         for index, (_, items) in enumerate(turns, start=1):
-            verdicts = {str(n): Verdict(raw=raw, value=normalize_verdict(raw), type=kind)
-                        for n, (kind, raw) in enumerate(items, start=1)}
+            verdicts = {
+                str(n): Verdict(raw=raw, value=normalize_verdict(raw), type=kind)
+                for n, (kind, raw) in enumerate(items, start=1)
+            }
             judgments[(system_id, index)] = JudgmentRecord(system_id=system_id, turn=index, verdicts=verdicts)
     return judgments
 
@@ -80,8 +109,14 @@ def test_every_key_on_hand_built_sessions():
     assert m["csr_by_type"] == pytest.approx(
         {"action": 0.0, "content": 0.8, "format": 1.0, "role": 1.0, "style": 0.5, "background": None}
     )
-    assert m["n_constraints_by_type"] == {"action": 3, "content": 5, "background": 0, "role": 1, "format": 3,
-                                          "style": 2}
+    assert m["n_constraints_by_type"] == {
+        "action": 3,
+        "content": 5,
+        "background": 0,
+        "role": 1,
+        "format": 3,
+        "style": 2,
+    }
     assert m["isr_by_alignment"] == pytest.approx({"aligned": 0.8, "misaligned": 0.25})
     assert m["isr_by_group"]["dependent"] == pytest.approx({"aligned": f(2, 3), "misaligned": f(1, 3), "all": 0.5})
     assert m["isr_by_group"]["parallel"] == pytest.approx({"aligned": 1.0, "misaligned": 0.0, "all": f(2, 3)})
@@ -151,7 +186,10 @@ def test_expected_limits_the_turns_that_must_be_judged():
         del judgments[key]
     expected = {(1, 1), (1, 2), (1, 3), (2, 1), (2, 2)}
     # Turns never generated make an unfinished run: an error naming them, unless partial runs are allowed.
-    with pytest.raises(SysbenchError, match=r"4 turn\(s\) were never generated \(session 2, turn 3; session 3, turns 1-3\).*--allow-partial"):
+    with pytest.raises(
+        SysbenchError,
+        match=r"4 turn\(s\) were never generated \(session 2, turn 3; session 3, turns 1-3\).*--allow-partial",
+    ):
         compute_metrics(make_sessions(), judgments, expected=expected, resamples=20)
     m = compute_metrics(make_sessions(), judgments, expected=expected, resamples=20, allow_partial=True)
     assert (m["n_sessions"], m["n_turns"], m["n_ungenerated_turns"], m["partial"]) == (2, 5, 4, True)
@@ -164,8 +202,10 @@ def random_spec(n_sessions: int, seed: int) -> dict:
     for system_id in range(1, n_sessions + 1):
         turns = []
         for _ in range(5):
-            items = [(kinds[rng.integers(len(kinds))], "是" if rng.random() < 0.8 else "否")
-                     for _ in range(int(rng.integers(1, 4)))]
+            items = [
+                (kinds[rng.integers(len(kinds))], "是" if rng.random() < 0.8 else "否")
+                for _ in range(int(rng.integers(1, 4)))
+            ]
             turns.append(("aligned" if rng.random() < 0.75 else "misaligned", items))
         spec[system_id] = (bool(rng.random() < 0.7), turns)
     return spec
@@ -192,7 +232,8 @@ def write_run(path: Path, spec=TINY, label: str = "tiny") -> Path:
     save_run_sessions(run, sessions)
     run.generations.append(
         GenerationRecord(system_id=s.system_id, turn=t.index, user=t.user, response="ok", model="hand-built")
-        for s in sessions for t in s.turns
+        for s in sessions
+        for t in s.turns
     )
     run.judgments.append(sorted(make_judgments(spec).values(), key=lambda j: j.key))
     return path

@@ -41,13 +41,20 @@ SYSTEM = _m("system", DEFAULT_SYSTEM_MESSAGE)
 
 def test_model_history_uses_own_replies_for_answered_and_sys_for_context_turns() -> None:
     session = _session()
-    assert conversation_for_answered_turn(session, 2, "model") == [SYSTEM, _m("user", "U1"), _m("assistant", "S1"),
-                                                                    _m("user", "U2")]
+    assert conversation_for_answered_turn(session, 2, "model") == [
+        SYSTEM,
+        _m("user", "U1"),
+        _m("assistant", "S1"),
+        _m("user", "U2"),
+    ]
     assert conversation_for_answered_turn(session, 4, "model", {2: "mine"}) == [
         SYSTEM,
-        _m("user", "U1"), _m("assistant", "S1"),
-        _m("user", "U2"), _m("assistant", "mine"),
-        _m("user", "U3"), _m("assistant", "S3"),
+        _m("user", "U1"),
+        _m("assistant", "S1"),
+        _m("user", "U2"),
+        _m("assistant", "mine"),
+        _m("user", "U3"),
+        _m("assistant", "S3"),
         _m("user", "U4"),
     ]
 
@@ -56,9 +63,12 @@ def test_reference_history_uses_sys_everywhere() -> None:
     session = _session()
     assert conversation_for_answered_turn(session, 4, "reference", {2: "ignored"}) == [
         SYSTEM,
-        _m("user", "U1"), _m("assistant", "S1"),
-        _m("user", "U2"), _m("assistant", "S2"),
-        _m("user", "U3"), _m("assistant", "S3"),
+        _m("user", "U1"),
+        _m("assistant", "S1"),
+        _m("user", "U2"),
+        _m("assistant", "S2"),
+        _m("user", "U3"),
+        _m("assistant", "S3"),
         _m("user", "U4"),
     ]
 
@@ -66,7 +76,10 @@ def test_reference_history_uses_sys_everywhere() -> None:
 def test_system_message_override_and_none() -> None:
     assert conversation_for_answered_turn(_session(system_message="Be terse."), 2)[0] == _m("system", "Be terse.")
     assert conversation_for_answered_turn(_session(system_message=""), 2) == [
-        _m("user", "U1"), _m("assistant", "S1"), _m("user", "U2")]
+        _m("user", "U1"),
+        _m("assistant", "S1"),
+        _m("user", "U2"),
+    ]
 
 
 def test_single_turn_dialogue_is_one_user_message() -> None:
@@ -102,7 +115,7 @@ def test_follow_up_limit_two_is_six_requests_in_three_calls() -> None:
     path = Path(__file__).resolve().parent.parent.parent / "shared" / "mteval" / "data" / "follow-up_multi.jsonl"
     if not path.is_file():
         pytest.skip("shared MT-Eval data not found")
-    from sysbench_gpu.benchmarks.base import load_dataset
+    from sysbench_gpu.benchmarks.registry import load_dataset
 
     sessions = load_dataset(path).select(limit=2)
     calls = engine_calls(sessions, "model")
@@ -118,6 +131,8 @@ def test_generate_plan_follows_the_same_calls_and_messages() -> None:
     for mode in ("model", "reference"):
         plan = GenerationPlan("mteval", mode)
         assert [keys for _, keys in plan.calls(sessions)] == engine_calls(sessions, mode)
-        assert plan.messages(sessions[0], 4, {2: "mine"}) == conversation_for_answered_turn(sessions[0], 4, mode, {2: "mine"})
+        assert plan.messages(sessions[0], 4, {2: "mine"}) == conversation_for_answered_turn(
+            sessions[0], 4, mode, {2: "mine"}
+        )
     assert GenerationPlan("mteval", "model").depends_on(sessions[0], 4) == [2]
     assert GenerationPlan("mteval", "reference").depends_on(sessions[0], 4) == []

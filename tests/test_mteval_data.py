@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sysbench_gpu.benchmarks.base import REGISTRY, load_dataset
 from sysbench_gpu.benchmarks.mteval.data import answered_ordinal, dialogue_to_json, mteval_stats, parse_dialogues
 from sysbench_gpu.benchmarks.mteval.tasks import DEFAULT_SYSTEM_MESSAGE, task_from_name
+from sysbench_gpu.benchmarks.registry import REGISTRY, load_dataset
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.sessions import NO_ALIGNMENT
 
@@ -46,8 +46,13 @@ def _shared(name: str) -> Path:
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sysbench_gpu", *args], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "sysbench_gpu", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def detect_format(text: str) -> str:
@@ -134,7 +139,10 @@ def test_task_from_names() -> None:
     assert task_from_name("recollection_multi_global-inst.jsonl") == ("recollection-global-inst", "multi")
     assert task_from_name("recollection_single_cls") == ("recollection-cls", "single")
     assert task_from_name("cls_ablation_sgc.jsonl") == ("cls-ablation-sgc", "ablation")
-    assert task_from_name("refinement_ablation_irrelevant-between.jsonl") == ("refinement-irrelevant-between", "ablation")
+    assert task_from_name("refinement_ablation_irrelevant-between.jsonl") == (
+        "refinement-irrelevant-between",
+        "ablation",
+    )
     assert task_from_name("expansion") == ("expansion", "")
     assert task_from_name("sessions.jsonl") is None
 
@@ -207,7 +215,8 @@ def test_errors_name_file_line_dialogue_turn_and_field(tmp_path: Path) -> None:
     assert "field 'id': missing" in _load_error(tmp_path, _lines({"conv": DIALOGUE["conv"]}))
     # task-specific needs: a cls turn needs its gold label, a refinement turn its instruction
     assert "field 'sys': a classification turn needs its gold label" in _load_error(
-        tmp_path, _lines(changed(2, sys="")), name="recollection_multi_cls.jsonl")
+        tmp_path, _lines(changed(2, sys="")), name="recollection_multi_cls.jsonl"
+    )
     assert "turn 2, field 'inst'" in _load_error(tmp_path, _lines(DIALOGUE), name="refinement_multi.jsonl")
     bad_inst = {**DIALOGUE, "inst_name": "startend:nothing", "inst_args": {}}
     assert "field 'inst_name'" in _load_error(tmp_path, _lines(bad_inst), name="recollection_multi_global-inst.jsonl")
@@ -232,11 +241,20 @@ def test_sysbench_files_refuse_mteval_options(sessions_file: Path) -> None:
 
 
 def test_download_offline_is_one_line(tmp_path: Path) -> None:
-    result = _cli("data", "download", "--benchmark", "mteval", "--out", str(tmp_path / "never-written"),
-                  env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    result = _cli(
+        "data",
+        "download",
+        "--benchmark",
+        "mteval",
+        "--out",
+        str(tmp_path / "never-written"),
+        env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")},
+    )
     assert result.returncode == 2
-    assert result.stderr.startswith("error: could not download refinement_multi.jsonl of the Hugging Face dataset "
-                                    "wckwan/MT-Eval: HF_HUB_OFFLINE is set")
+    assert result.stderr.startswith(
+        "error: could not download refinement_multi.jsonl of the Hugging Face dataset "
+        "wckwan/MT-Eval: HF_HUB_OFFLINE is set"
+    )
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
     assert not (tmp_path / "never-written").exists()
 

@@ -25,10 +25,20 @@ DOC = "Once there was a chef.\n\nShe cooked soup."
 REFINEMENT = {
     "id": "1_sum_ner",
     "conv": [
-        {"user": f"Content: {DOC} \n\nInstruction: Summarize it.", "sys": "r1", "id": "1_sum_1",
-         "do_inference": True, "inst": "Summarize it."},
-        {"user": "Use at most 5 words.", "sys": "r2", "id": "1_sum_2", "do_inference": True,
-         "inst": "Use at most 5 words."},
+        {
+            "user": f"Content: {DOC} \n\nInstruction: Summarize it.",
+            "sys": "r1",
+            "id": "1_sum_1",
+            "do_inference": True,
+            "inst": "Summarize it.",
+        },
+        {
+            "user": "Use at most 5 words.",
+            "sys": "r2",
+            "id": "1_sum_2",
+            "do_inference": True,
+            "inst": "Use at most 5 words.",
+        },
         {"user": "List the persons.", "sys": "r3", "id": "1_ner_1", "do_inference": True, "inst": "List the persons."},
         {"user": "One per line.", "sys": "r4", "id": "1_ner_2", "do_inference": True, "inst": "One per line."},
     ],
@@ -80,12 +90,17 @@ def test_reply_text_with_braces_is_not_rescanned() -> None:
 def test_follow_up_prompt_shows_previous_exchange_with_its_reference() -> None:
     session = _one("follow-up", FOLLOW_UP)
     assert [(m.role, m.content) for m in follow_up_conversation(session, 4)] == [
-        ("user", "Add a personal touch."), ("assistant", "Gold three."), ("user", "Swap the palace for the memorial.")]
+        ("user", "Add a personal touch."),
+        ("assistant", "Gold three."),
+        ("user", "Swap the palace for the memorial."),
+    ]
     assert follow_up_conversation(session, 4, previous_reply="Mine.")[1].content == "Mine."
     prompt = render_score_prompt(load_score_template("follow-up"), session, 4, "Done, swapped.")
-    assert ("# Conversation before the reply\n<role: user>\n<content>\nAdd a personal touch.\n</content>\n"
-            "<role: assistant>\n<content>\nGold three.\n</content>\n<role: user>\n<content>\n"
-            "Swap the palace for the memorial.\n</content>\n") in prompt
+    assert (
+        "# Conversation before the reply\n<role: user>\n<content>\nAdd a personal touch.\n</content>\n"
+        "<role: assistant>\n<content>\nGold three.\n</content>\n<role: user>\n<content>\n"
+        "Swap the palace for the memorial.\n</content>\n"
+    ) in prompt
     assert "# Reply to grade\nDone, swapped.\n" in prompt and "Words in the reply: 2" in prompt
 
 
@@ -93,7 +108,9 @@ def test_kind_mismatch_and_rule_tasks_are_errors() -> None:
     session = _one("follow-up", FOLLOW_UP)
     with pytest.raises(SysbenchError, match="a follow-up dialogue, but the template is for refinement"):
         render_score_prompt(load_score_template("refinement"), session, 4, "x")
-    cls = _one("recollection-cls", {"id": "c", "conv": [{"user": "Doc", "sys": "food", "id": "1", "do_inference": True}]})
+    cls = _one(
+        "recollection-cls", {"id": "c", "conv": [{"user": "Doc", "sys": "food", "id": "1", "do_inference": True}]}
+    )
     with pytest.raises(SysbenchError, match="not scored by the LLM judge"):
         judge_kind(cls)
     assert score_prompts_needed([cls, session]) == [(1, 3), (1, 4)]
@@ -147,8 +164,14 @@ def test_schema_keeps_the_score_an_integer_from_1_to_10() -> None:
     schema = score_schema()
     jsonschema.validate({"rationale": "ok", "score": 1}, schema)
     jsonschema.validate({"rationale": "ok", "score": 10}, schema)
-    for bad in ({"rationale": "x", "score": 0}, {"rationale": "x", "score": 11}, {"rationale": "x", "score": 5.5},
-                {"rationale": "x", "score": "5"}, {"score": 5}, {"rationale": "x", "score": 5, "extra": 1}):
+    for bad in (
+        {"rationale": "x", "score": 0},
+        {"rationale": "x", "score": 11},
+        {"rationale": "x", "score": 5.5},
+        {"rationale": "x", "score": "5"},
+        {"score": 5},
+        {"rationale": "x", "score": 5, "extra": 1},
+    ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
     assert list(schema["properties"]) == ["rationale", "score"]  # the rationale comes first

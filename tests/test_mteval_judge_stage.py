@@ -14,12 +14,12 @@ from openai_stub import OpenAIStub, Reply
 from test_judge_support import make_run, marker
 
 from sysbench_gpu import cli
-from sysbench_gpu.benchmarks.base import load_run_sessions
 from sysbench_gpu.benchmarks.mteval.judge_prompt import (
     load_score_template,
     score_schema,
 )
 from sysbench_gpu.benchmarks.mteval.tasks import SCORERS
+from sysbench_gpu.benchmarks.registry import load_run_sessions
 from sysbench_gpu.benchmarks.sysbench.judge_prompt import load_template
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.records import SCORERS as STORED_SCORERS
@@ -156,14 +156,29 @@ def _fault_reply(session, turn):
 def _engine(url: str, concurrency: int = 3):
     from sysbench_gpu.engines.openai_engine import OpenAIEngine
 
-    return OpenAIEngine("gpt-4o-mini", base_url=url, api_key_env="SYSBENCH_TEST_NO_SUCH_KEY", concurrency=concurrency,
-                        max_retries=2, timeout=5.0, backoff_base_s=0.01, backoff_max_s=0.05)
+    return OpenAIEngine(
+        "gpt-4o-mini",
+        base_url=url,
+        api_key_env="SYSBENCH_TEST_NO_SUCH_KEY",
+        concurrency=concurrency,
+        max_retries=2,
+        timeout=5.0,
+        backoff_base_s=0.01,
+        backoff_max_s=0.05,
+    )
 
 
 def _settings(run: RunDir, max_retries: int = 4, cache: bool = True, backend: str = "openai") -> JudgeSettings:
-    return JudgeSettings(backend=backend, model="gpt-4o-mini" if backend == "openai" else "fake-judge",
-                         template=load_template("zh"), max_retries=max_retries, max_tokens=256,
-                         max_reasoning_chars=300, cache_dir=run.path / "judge_cache" if cache else None, concurrency=3)
+    return JudgeSettings(
+        backend=backend,
+        model="gpt-4o-mini" if backend == "openai" else "fake-judge",
+        template=load_template("zh"),
+        max_retries=max_retries,
+        max_tokens=256,
+        max_reasoning_chars=300,
+        cache_dir=run.path / "judge_cache" if cache else None,
+        concurrency=3,
+    )
 
 
 def test_one_to_ten_judge_retries_records_unparsed_resumes_and_counts_once(tmp_path, mteval_data_dir):
@@ -216,8 +231,9 @@ def test_one_to_ten_judge_retries_records_unparsed_resumes_and_counts_once(tmp_p
 
         # --retry-unparsed asks the two unparsed turns anew (not from the cache).
         before = stub.request_count
-        retried = judge_run(run, _settings(run), lambda: _engine(stub.base_url), show_progress=False,
-                            retry_unparsed=True)
+        retried = judge_run(
+            run, _settings(run), lambda: _engine(stub.base_url), show_progress=False, retry_unparsed=True
+        )
         assert retried.retried_unparsed == 2 and stub.request_count - before == 8
     section = run.read_manifest()["stages"]["judge"]
     assert section["score_templates"]["follow-up"]["sha256"] == load_score_template("follow-up").sha256
@@ -254,7 +270,7 @@ def test_custom_template_file(tmp_path, mteval_data_dir, capsys, monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     run = make_mteval_run(tmp_path / "fu", mteval_data_dir / FOLLOW_UP, [4], marked())
     mine = tmp_path / "mine.txt"
-    mine.write_text("CONV {conversation}\nREPLY {response} ({num_words} words)\nJSON {{\"rationale\": \"..\", \"score\": 1}}")
+    mine.write_text('CONV {conversation}\nREPLY {response} ({num_words} words)\nJSON {{"rationale": "..", "score": 1}}')
     with OpenAIStub(ScoreScript()) as stub:
         base = ["judge", str(run.path), "--judge", "openai", "--judge-model", "m", "--base-url", stub.base_url]
         assert cli.main(base + ["--mteval-template", "sideways=" + str(mine)]) == 2
@@ -299,8 +315,12 @@ class FakeScoreEngine:
 
 def test_vllm_judge_uses_the_integer_score_schema_in_one_call_per_round(tmp_path, mteval_data_dir):
     kinds = {(5, 4): "range_once"}
-    run = make_mteval_run(tmp_path / "fu", mteval_data_dir / FOLLOW_UP, [5, 6],
-                          lambda s, t: f"ANSWER {kinds.get((s.system_id, t), 'good')} s{s.system_id} t{t}")
+    run = make_mteval_run(
+        tmp_path / "fu",
+        mteval_data_dir / FOLLOW_UP,
+        [5, 6],
+        lambda s, t: f"ANSWER {kinds.get((s.system_id, t), 'good')} s{s.system_id} t{t}",
+    )
     engine = FakeScoreEngine()
     summary = judge_run(run, _settings(run, backend="vllm"), lambda: engine, show_progress=False)
     assert [n for n, _ in engine.calls] == [6, 1]
@@ -360,7 +380,10 @@ def test_sysbench_records_keep_their_format(tmp_path):
         ({"score": True}, "field 'score' should be a number from 0 to 10 or null, found a boolean"),
         ({"scorer": "vibes"}, "field 'scorer' is 'vibes', expected one of judge, cls, ifeval or null"),
         ({"scorer": None}, "field 'scorer' is missing: a record with a score names its scorer"),
-        ({"parse_status": "unparsed"}, "field 'score' is 10 but parse_status is 'unparsed': only an ok record has a score"),
+        (
+            {"parse_status": "unparsed"},
+            "field 'score' is 10 but parse_status is 'unparsed': only an ok record has a score",
+        ),
         ({"score": None}, "field 'score' is missing but parse_status is 'ok' and scorer is 'cls'"),
     ],
 )
@@ -402,8 +425,9 @@ def test_vllm_cpu_score_schema_gives_integer_scores(tmp_path, mteval_data_dir):
         "--engine-option", "enforce_eager=true",
     ]  # fmt: skip
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
-    done = subprocess.run(command, cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True,
-                          text=True, timeout=900)
+    done = subprocess.run(
+        command, cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True, timeout=900
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     records = run.judgments.read()
     assert len(records) == 3 and all(r.parse_status == "ok" and r.attempts == 1 for r in records.values())

@@ -22,8 +22,16 @@ from sysbench_gpu.core.errors import SysbenchError
 
 def _dialogue(did: str, answered: int, context: int = 0, **extra) -> dict:
     conv = [{"user": f"c{i}", "sys": f"cs{i}", "id": f"c{i}", "do_inference": False} for i in range(context)]
-    conv += [{"user": f"Content: doc\n\nInstruction: q{i}" if i == 0 else f"q{i}", "sys": "label", "id": f"1_sum_{i}",
-              "do_inference": True, "inst": f"q{i}"} for i in range(answered)]
+    conv += [
+        {
+            "user": f"Content: doc\n\nInstruction: q{i}" if i == 0 else f"q{i}",
+            "sys": "label",
+            "id": f"1_sum_{i}",
+            "do_inference": True,
+            "inst": f"q{i}",
+        }
+        for i in range(answered)
+    ]
     return {"id": did, "conv": conv, **extra}
 
 
@@ -49,15 +57,17 @@ def _example():
         "expansion": (_sessions("expansion", _dialogue("E1", 2)), [[9, 7]]),
         "follow-up": (_sessions("follow-up", _dialogue("F1", 3, context=2)), [[10, 10, 7]]),
         "recollection-cls": (_sessions("recollection-cls", _dialogue("C1", 4, context=1)), [[10, 0, 10, 10]]),
-        "recollection-global-inst": (_sessions("recollection-global-inst", _dialogue("G1", 2, context=1, **GI)),
-                                     [[0, 10]]),
+        "recollection-global-inst": (
+            _sessions("recollection-global-inst", _dialogue("G1", 2, context=1, **GI)),
+            [[0, 10]],
+        ),
     }
     turns = []
     for sessions, values in parts.values():
         scores = {}
-        for session, row in zip(sessions, values):
+        for session, row in zip(sessions, values, strict=False):
             answered = [t.index for t in session.turns if t.answered]
-            scores.update({(session.system_id, index): value for index, value in zip(answered, row)})
+            scores.update({(session.system_id, index): value for index, value in zip(answered, row, strict=False)})
         turns += build_turn_scores(sessions, scores)
     return parts, turns
 
@@ -156,8 +166,9 @@ def test_side_by_side_table() -> None:
 
     gold = [replace(t, score=min(10.0, t.score + 1)) if t.task == "refinement" else t for t in turns]
     multi, gold_metrics = mteval_metrics(turns, resamples=50), mteval_metrics(gold, resamples=50)
-    table = side_by_side_markdown([("multi", multi), ("gold", gold_metrics)],
-                                  [("gold - multi", compare_mteval(turns, gold, resamples=50))])
+    table = side_by_side_markdown(
+        [("multi", multi), ("gold", gold_metrics)], [("gold - multi", compare_mteval(turns, gold, resamples=50))]
+    )
     lines = table.splitlines()
     assert lines[0] == "| | multi | gold | gold - multi (95% CI) |"
     assert "| overall | 7.42 | 7.67 | +0.25 [+0.25, +0.25] |" in lines

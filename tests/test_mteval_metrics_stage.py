@@ -1,4 +1,5 @@
-"""metrics and compare on MT-Eval run directories: hand-checked scores, partial runs, paired and unpaired comparisons."""
+"""metrics and compare on MT-Eval run directories: hand-checked scores, partial runs, paired and unpaired
+comparisons."""
 
 from __future__ import annotations
 
@@ -77,8 +78,9 @@ def test_metrics_text_names_categories_tasks_and_turns(tmp_path, mteval_data_dir
 
 def test_unfinished_runs_are_refused_naming_the_turns(tmp_path, mteval_data_dir, capsys):
     generated = [(1, t) for t in range(2, 12)] + [(17, t) for t in range(2, 6)]
-    run = make_mteval_run(tmp_path / "part", mteval_data_dir / GLOBAL_INST, [1, 17], _global_inst_reply,
-                          answered_only=generated)
+    run = make_mteval_run(
+        tmp_path / "part", mteval_data_dir / GLOBAL_INST, [1, 17], _global_inst_reply, answered_only=generated
+    )
     judge_run(run, None, None, show_progress=False)
     assert cli.main(["metrics", str(run.path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -94,13 +96,16 @@ def test_unfinished_runs_are_refused_naming_the_turns(tmp_path, mteval_data_dir,
 
 
 def test_unparsed_and_skipped_turns_are_refused_unless_excluded(tmp_path, mteval_data_dir):
-    run = make_mteval_run(tmp_path / "fu", mteval_data_dir / "follow-up_multi.jsonl", [1],
-                          lambda s, t: None if t == 5 else "a reply")
-    run.judgments.append([
-        JudgmentRecord(1, 3, {}, score=7.0, scorer="judge", judge_model="j"),
-        JudgmentRecord(1, 4, {}, parse_status="unparsed", scorer="judge", judge_model="j", raw_reply="?"),
-        JudgmentRecord(1, 5, {}, parse_status="skipped", scorer="judge", attempts=0),
-    ])
+    run = make_mteval_run(
+        tmp_path / "fu", mteval_data_dir / "follow-up_multi.jsonl", [1], lambda s, t: None if t == 5 else "a reply"
+    )
+    run.judgments.append(
+        [
+            JudgmentRecord(1, 3, {}, score=7.0, scorer="judge", judge_model="j"),
+            JudgmentRecord(1, 4, {}, parse_status="unparsed", scorer="judge", judge_model="j", raw_reply="?"),
+            JudgmentRecord(1, 5, {}, parse_status="skipped", scorer="judge", attempts=0),
+        ]
+    )
     with pytest.raises(SysbenchError, match=r"1 judgment\(s\) are unparsed .*session 1, turn 4"):
         run_metrics(run.path, exclude_skipped=True)
     with pytest.raises(SysbenchError, match=r"skipped at generation .*session 1, turn 5"):
@@ -115,17 +120,26 @@ def test_unparsed_and_skipped_turns_are_refused_unless_excluded(tmp_path, mteval
 
 def _cls_reply(hit_every: int):
     """The gold label on every ``hit_every``-th answered turn, a miss elsewhere."""
+
     def reply(session, turn):
         hit = (session.system_id + turn) % hit_every == 0
         return f"Category: {session.turn(turn).reference}" if hit else "No idea."
+
     return reply
 
 
 def test_multi_against_gold_history_is_paired(tmp_path, mteval_data_dir, capsys):
-    multi = make_mteval_run(tmp_path / "multi", mteval_data_dir / CLS_MULTI, [1, 2, 3, 4], _cls_reply(3),
-                            label="toy multi")
-    gold = make_mteval_run(tmp_path / "gold", mteval_data_dir / CLS_MULTI, [1, 2, 3, 4], _cls_reply(2),
-                           history="reference", label="toy gold")
+    multi = make_mteval_run(
+        tmp_path / "multi", mteval_data_dir / CLS_MULTI, [1, 2, 3, 4], _cls_reply(3), label="toy multi"
+    )
+    gold = make_mteval_run(
+        tmp_path / "gold",
+        mteval_data_dir / CLS_MULTI,
+        [1, 2, 3, 4],
+        _cls_reply(2),
+        history="reference",
+        label="toy gold",
+    )
     for run in (multi, gold):
         judge_run(run, None, None, show_progress=False)
     result = compare_runs(multi.path, gold.path, resamples=300)
@@ -150,14 +164,17 @@ def test_multi_against_gold_history_is_paired(tmp_path, mteval_data_dir, capsys)
 
 def test_multi_against_single_is_unpaired_and_says_so(tmp_path, mteval_data_dir, capsys):
     multi = make_mteval_run(tmp_path / "multi", mteval_data_dir / CLS_MULTI, [1, 2], _cls_reply(2), label="multi")
-    single = make_mteval_run(tmp_path / "single", mteval_data_dir / CLS_SINGLE, range(1, 21), _cls_reply(2),
-                             label="single")
-    gold = make_mteval_run(tmp_path / "gold", mteval_data_dir / CLS_MULTI, [1, 2], _cls_reply(1),
-                           history="reference", label="gold")
+    single = make_mteval_run(
+        tmp_path / "single", mteval_data_dir / CLS_SINGLE, range(1, 21), _cls_reply(2), label="single"
+    )
+    gold = make_mteval_run(
+        tmp_path / "gold", mteval_data_dir / CLS_MULTI, [1, 2], _cls_reply(1), history="reference", label="gold"
+    )
     for run in (multi, single, gold):
         judge_run(run, None, None, show_progress=False)
-    result = _json(capsys, ["compare", str(multi.path), str(single.path), str(gold.path), "--json",
-                            "--resamples", "100"])
+    result = _json(
+        capsys, ["compare", str(multi.path), str(single.path), str(gold.path), "--json", "--resamples", "100"]
+    )
     vs_single, vs_gold = result["comparisons"]
     assert vs_single["paired"] is False and "different dialogues" in vs_single["pairing"]
     assert vs_gold["paired"] is True

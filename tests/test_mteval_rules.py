@@ -54,7 +54,10 @@ CASES = {
     "content:placeholder": ({"num_placeholder": 2}, "Dear [name], at [address].", "Dear [name]."),
     "format:bullet_list": ({"num_bullets": 2}, "* one\n- two", "* one\n* two\n* three"),
     "format:constrained_response": (
-        {"response_options": ["My answer is yes.", "My answer is no."]}, "Well. My answer is no.", "Maybe."),
+        {"response_options": ["My answer is yes.", "My answer is no."]},
+        "Well. My answer is no.",
+        "Maybe.",
+    ),
     "format:json_format": ({}, '```json\n{"a": [1, 2]}\n```', "{'a': 1}"),
     "keywords:existence": ({"keywords": ["city", "garbage"]}, "The City has garbage.", "The city is clean."),
     "language:response_language": (
@@ -63,11 +66,16 @@ CASES = {
         "Hello, how are you? I hope you have a good day and that everything goes well at work.",
     ),
     "length_constraints:number_sentences": (
-        {"num_sentences": 4, "relation": "less than"}, "One. Two. Three.", "One. Two. Three. Four."),
+        {"num_sentences": 4, "relation": "less than"},
+        "One. Two. Three.",
+        "One. Two. Three. Four.",
+    ),
     "punctuation:no_comma": ({}, "No commas at all.", "Yes, one comma."),
     "startend:end_phrase": (
         {"end_phrase": "Is there anything else I can help with?"},
-        "Done. is there anything else I can help with?'  ", "Is there anything else I can help with? Bye."),
+        "Done. is there anything else I can help with?'  ",
+        "Is there anything else I can help with? Bye.",
+    ),
     "startend:start_char": ({"letter": "o"}, "  Once upon a time.", "Upon a time, o."),
     "startend:start_emoji": ({}, "  🇺🇸 Flags count as one emoji.", "Hi 😀"),
 }
@@ -107,8 +115,9 @@ def test_language_detection_is_deterministic() -> None:
 def test_instruction_args_are_checked() -> None:
     assert "needs 'letter'" in check_instruction_args("startend:start_char", {})
     assert "Klingon" in check_instruction_args("language:response_language", {"lang": "Klingon"})
-    assert "relation" in check_instruction_args("length_constraints:number_sentences",
-                                                {"num_sentences": 3, "relation": "about"})
+    assert "relation" in check_instruction_args(
+        "length_constraints:number_sentences", {"num_sentences": 3, "relation": "about"}
+    )
     with pytest.raises(SysbenchError, match="unknown instruction"):
         check_instruction("startend:nothing", {}, "x")
     with pytest.raises(SysbenchError, match="num_placeholder"):
@@ -120,16 +129,31 @@ def _one(task: str, dialogue: dict):
 
 
 def test_rule_score_on_dialogues() -> None:
-    cls = _one("recollection-cls", {"id": "c", "conv": [
-        {"user": "Classify. Reply OK.", "sys": "OK", "id": "instruction", "do_inference": False},
-        {"user": "A text about soup.", "sys": "food", "id": "7", "do_inference": True}]})
+    cls = _one(
+        "recollection-cls",
+        {
+            "id": "c",
+            "conv": [
+                {"user": "Classify. Reply OK.", "sys": "OK", "id": "instruction", "do_inference": False},
+                {"user": "A text about soup.", "sys": "food", "id": "7", "do_inference": True},
+            ],
+        },
+    )
     verdict = rule_score(cls, 2, "Food.")
     assert (verdict.score, verdict.rule) == (10, "cls") and "'food' found" in verdict.detail
     assert rule_score(cls, 2, "travel").score == 0
-    inst = _one("recollection-global-inst", {"id": "g", "inst_name": "startend:start_char", "inst_args": {"letter": "o"},
-                                             "conv": [{"user": "Begin with o.", "sys": "ok.", "id": "instruction",
-                                                       "do_inference": False},
-                                                      {"user": "Q?", "sys": "", "id": "1-2", "do_inference": True}]})
+    inst = _one(
+        "recollection-global-inst",
+        {
+            "id": "g",
+            "inst_name": "startend:start_char",
+            "inst_args": {"letter": "o"},
+            "conv": [
+                {"user": "Begin with o.", "sys": "ok.", "id": "instruction", "do_inference": False},
+                {"user": "Q?", "sys": "", "id": "1-2", "do_inference": True},
+            ],
+        },
+    )
     assert rule_score(inst, 2, "Of course.").score == 10
     bad = rule_score(inst, 2, "Sure.")
     assert bad.score == 0 and bad.rule == "startend:start_char" and "not followed" in bad.detail
@@ -143,7 +167,7 @@ def test_rule_score_on_dialogues() -> None:
 def test_every_gold_label_of_the_shared_cls_files_matches_itself() -> None:
     from pathlib import Path
 
-    from sysbench_gpu.benchmarks.base import load_dataset
+    from sysbench_gpu.benchmarks.registry import load_dataset
 
     folder = Path(__file__).resolve().parent.parent.parent / "shared" / "mteval" / "data"
     files = sorted(folder.glob("*cls*.jsonl"))

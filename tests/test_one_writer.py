@@ -48,7 +48,9 @@ def cli_env() -> dict[str, str]:
 
 
 def start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen(cli_command(*args), env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        cli_command(*args), env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def in_process(args: list[str]) -> int:
@@ -73,16 +75,53 @@ def finish(process: subprocess.Popen, timeout: float = 120) -> tuple[int, str, s
 
 def generate_args(data: Path, out: Path, url: str, *extra: str) -> list[str]:
     return [
-        "generate", "--data", str(data), "--engine", "openai", "--model", "stub-model", "--out", str(out),
-        "--limit", "3", "--max-tokens", "16", "--no-progress", "--api-key-env", KEY_ENV, "--base-url", url,
-        "--concurrency", "2", "--max-retries", "2", "--timeout", "10", *extra,
+        "generate",
+        "--data",
+        str(data),
+        "--engine",
+        "openai",
+        "--model",
+        "stub-model",
+        "--out",
+        str(out),
+        "--limit",
+        "3",
+        "--max-tokens",
+        "16",
+        "--no-progress",
+        "--api-key-env",
+        KEY_ENV,
+        "--base-url",
+        url,
+        "--concurrency",
+        "2",
+        "--max-retries",
+        "2",
+        "--timeout",
+        "10",
+        *extra,
     ]
 
 
 def judge_args(run: Path, url: str, *extra: str) -> list[str]:
     return [
-        "judge", str(run), "--judge", "openai", "--judge-model", "gpt-4o-mini", "--base-url", url,
-        "--api-key-env", KEY_ENV, "--max-retries", "2", "--api-retries", "2", "--timeout", "10", *extra,
+        "judge",
+        str(run),
+        "--judge",
+        "openai",
+        "--judge-model",
+        "gpt-4o-mini",
+        "--base-url",
+        url,
+        "--api-key-env",
+        KEY_ENV,
+        "--max-retries",
+        "2",
+        "--api-retries",
+        "2",
+        "--timeout",
+        "10",
+        *extra,
     ]
 
 

@@ -32,13 +32,26 @@ from sysbench_gpu.profiling.schedule import (
 )
 
 LLAMA_31_8B = {
-    "model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
-    "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "tie_word_embeddings": False,
+    "model_type": "llama",
+    "num_hidden_layers": 32,
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
 }
 QWEN2_72B = {
-    "model_type": "qwen2", "num_hidden_layers": 80, "hidden_size": 8192, "num_attention_heads": 64,
-    "num_key_value_heads": 8, "intermediate_size": 29568, "vocab_size": 152064, "tie_word_embeddings": False,
-    "sliding_window": 131072, "use_sliding_window": False,
+    "model_type": "qwen2",
+    "num_hidden_layers": 80,
+    "hidden_size": 8192,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "intermediate_size": 29568,
+    "vocab_size": 152064,
+    "tie_word_embeddings": False,
+    "sliding_window": 131072,
+    "use_sliding_window": False,
 }
 H100 = load_device_spec("h100")  # 989e12 FLOP/s, 3.35e12 B/s, 80e9 B
 
@@ -149,7 +162,8 @@ def test_what_if_20_threads_against_a_server_on_h100():
     assert threads.bound.bound_s == pytest.approx(4_980_974_387_200 / 3.35e12)
     assert threads.bound.bound_by == "memory"
     sync = turn_synchronous(calls, hw)
-    # Turn-synchronous: turn 1 takes 100 forwards: (100 * 15,009,849,344 + 40 * 54,950 * 131,072) / 3.35e12 = 0.534054 s;
+    # Turn-synchronous: turn 1 takes 100 forwards:
+    # (100 * 15,009,849,344 + 40 * 54,950 * 131,072) / 3.35e12 = 0.534054 s;
     # turn 2 takes 50: (50 * 15,009,849,344 + 40 * 36,225 * 131,072) / 3.35e12 = 0.280721 s; together 0.814775 s.
     assert sync.bound.forwards == 150
     assert sync.bound.bound_s == pytest.approx(0.8147752, rel=1e-6)
@@ -162,7 +176,9 @@ def test_what_if_20_threads_against_a_server_on_h100():
     # Two data-parallel replicas each take 20 sessions: each turn's forwards are unchanged, halving KV traffic
     # per replica; the bound is the slowest replica: (100 * 15,009,849,344 + 20 * 54,950 * 131,072) / 3.35e12 + ...
     dp2 = results["turn-synchronous, tp=1,pp=1,dp=2"].bound
-    expected = ((100 * 15_009_849_344 + 20 * 54_950 * 131_072) + (50 * 15_009_849_344 + 20 * 36_225 * 131_072)) / 3.35e12
+    expected = (
+        (100 * 15_009_849_344 + 20 * 54_950 * 131_072) + (50 * 15_009_849_344 + 20 * 36_225 * 131_072)
+    ) / 3.35e12
     assert dp2.bound_s == pytest.approx(expected)
 
 
@@ -189,8 +205,11 @@ def test_sliding_window_caps_attention_and_kv_reads():
 def test_hf_batches_are_sequential_by_prompt_length():
     shape = ModelShape.from_config(LLAMA_31_8B)
     hw = Hardware(shape, H100, Layout(), 2, 2)
-    requests = [Request(1, 1, SequenceTokens(10, 0, 50)), Request(2, 1, SequenceTokens(30, 0, 5)),
-                Request(3, 1, SequenceTokens(20, 0, 7))]
+    requests = [
+        Request(1, 1, SequenceTokens(10, 0, 50)),
+        Request(2, 1, SequenceTokens(30, 0, 5)),
+        Request(3, 1, SequenceTokens(20, 0, 7)),
+    ]
     call = RunCall(1, 1, 1.0, requests, False)
     # batch_size 2: prompts sorted 10, 20 | 30 -> forwards max(50, 7) + 5 = 55
     assert call_bound(call, hw, "hf", 2).forwards == 55
@@ -207,8 +226,16 @@ def test_device_specs_table_and_files(tmp_path):
     one.write_text(json.dumps({"peak_flops": 5e10, "memory_bandwidth": 2e10}))
     assert load_device_spec(str(one)).name == "mine"
     many = tmp_path / "lab.json"
-    many.write_text(json.dumps({"devices": {"l40s": {"peak_flops": 362e12, "memory_bandwidth": 864e9},
-                                            "x": {"peak_flops": 1, "memory_bandwidth": 1}}}))
+    many.write_text(
+        json.dumps(
+            {
+                "devices": {
+                    "l40s": {"peak_flops": 362e12, "memory_bandwidth": 864e9},
+                    "x": {"peak_flops": 1, "memory_bandwidth": 1},
+                }
+            }
+        )
+    )
     assert load_device_spec(f"{many}#l40s").peak_flops == 362e12
     with pytest.raises(SysbenchError, match="name one"):
         load_device_spec(str(many))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sysbench_gpu.benchmarks.base import load_run_sessions
+from sysbench_gpu.benchmarks.registry import load_run_sessions
 from sysbench_gpu.cli import main
 from sysbench_gpu.core.records import JudgmentRecord, Verdict
 from sysbench_gpu.core.rundir import RunDir
@@ -21,8 +21,24 @@ from sysbench_gpu.core.rundir import RunDir
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, smollm2_path) -> Path:
     out = tmp_path_factory.mktemp("profile") / "run"
-    code = main(["generate", "--data", "demo", "--model", "smollm2", "--engine", "hf", "--limit", "2",
-                 "--max-tokens", "16", "--no-progress", "--out", str(out)])
+    code = main(
+        [
+            "generate",
+            "--data",
+            "demo",
+            "--model",
+            "smollm2",
+            "--engine",
+            "hf",
+            "--limit",
+            "2",
+            "--max-tokens",
+            "16",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     return out
 
@@ -119,7 +135,7 @@ def test_quantized_checkpoints_need_the_weight_width(tiny_run, tmp_path, capsys,
     packed = _profile_json(capsys, str(tiny_run), "--model-config", str(path), "--dtype", "int4")
     assert packed["model"]["weight_bytes_per_param"] == 0.5 and packed["model"]["kv_dtype"] == "float32"
     # Decode reads weights; an 8x narrower weight makes every decode phase cheaper.
-    for a, b in zip(packed["calls"], full["calls"]):
+    for a, b in zip(packed["calls"], full["calls"], strict=False):
         assert a["decode"]["bytes"] < b["decode"]["bytes"]
 
 
@@ -130,8 +146,11 @@ def test_report_has_a_profile_section(tiny_run, tmp_path, capsys):
     sessions = {s.system_id: s for s in load_run_sessions(run)}
     run.judgments.append(
         JudgmentRecord(
-            system_id=sid, turn=turn,
-            verdicts={str(c.id): Verdict(raw="是", value="yes", type=c.type) for c in sessions[sid].turn(turn).constraints},
+            system_id=sid,
+            turn=turn,
+            verdicts={
+                str(c.id): Verdict(raw="是", value="yes", type=c.type) for c in sessions[sid].turn(turn).constraints
+            },
         )
         for sid, turn in sorted(run.generations.read())
     )

@@ -50,7 +50,7 @@ def _normalised(value: Any, home: str) -> Any:
     if isinstance(value, list):
         return [_normalised(v, home) for v in value]
     if isinstance(value, str) and value.startswith(home):
-        return value[len(home):].lstrip("/")
+        return value[len(home) :].lstrip("/")
     return value
 
 

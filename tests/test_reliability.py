@@ -136,8 +136,13 @@ class SecondRankEngine:
 def test_judge_on_a_non_primary_rank_writes_nothing(tmp_path: Path, dataset) -> None:
     run = make_run(tmp_path / "run", dataset, [1, 2], lambda s, t: "skipped" if (s, t) == (2, 5) else "good")
     before = snapshot(run.path)
-    settings = JudgeSettings(backend="hf", model="fake-judge", template=load_template("zh"), max_retries=2,
-                             cache_dir=run.path / "judge_cache")
+    settings = JudgeSettings(
+        backend="hf",
+        model="fake-judge",
+        template=load_template("zh"),
+        max_retries=2,
+        cache_dir=run.path / "judge_cache",
+    )
     engine = SecondRankEngine(dataset)
     summary = judge_run(run, settings, lambda: engine, show_progress=False)
     assert engine.calls == 1 and summary.judged == 9 and summary.skipped == 1  # the work was done ...
@@ -155,15 +160,21 @@ def _partial_run(tmp_path: Path, dataset) -> Path:
     """3 sessions selected, 6 of their 15 turns generated and judged, generation still 'running'."""
     run = make_run(tmp_path / "partial", dataset, [1, 2, 3])
     keep = {(1, t) for t in range(1, 6)} | {(2, 1)}
-    lines = [line for line in run.generations.path.read_text().splitlines()
-             if tuple(json.loads(line)[k] for k in ("system_id", "turn")) in keep]
+    lines = [
+        line
+        for line in run.generations.path.read_text().splitlines()
+        if tuple(json.loads(line)[k] for k in ("system_id", "turn")) in keep
+    ]
     run.generations.path.write_text("\n".join(lines) + "\n")
     run.update_manifest("generate", status="running", model="fake-model")
     sessions = dataset.by_id()
     run.judgments.append(
-        JudgmentRecord(system_id=s, turn=t, judge_model="j", verdicts={
-            str(c.id): Verdict(raw="是", value="yes", type=c.type) for c in sessions[s].turn(t).constraints
-        })
+        JudgmentRecord(
+            system_id=s,
+            turn=t,
+            judge_model="j",
+            verdicts={str(c.id): Verdict(raw="是", value="yes", type=c.type) for c in sessions[s].turn(t).constraints},
+        )
         for s, t in sorted(keep)
     )
     return run.path
@@ -232,7 +243,9 @@ def test_judge_into_a_read_only_run_is_refused_before_any_request(tmp_path, data
     rejudge_out = unwritable(tmp_path / "readonly-out")
     with OpenAIStub(lambda body, n: Reply(text="{}")) as stub:
         common = ["--judge", "openai", "--judge-model", "gpt-4o", "--base-url", stub.base_url]
-        line = one_error_line(*run_cli(["judge", str(run.path), "--rejudge", "--out", str(rejudge_out), *common], capsys)[::2])
+        line = one_error_line(
+            *run_cli(["judge", str(run.path), "--rejudge", "--out", str(rejudge_out), *common], capsys)[::2]
+        )
         assert "readonly-out" in line and "not writable" in line
         unwritable(run.path)
         line = one_error_line(*run_cli(["judge", str(run.path), *common], capsys)[::2])
@@ -242,8 +255,18 @@ def test_judge_into_a_read_only_run_is_refused_before_any_request(tmp_path, data
 
 def test_generate_checks_out_before_loading_a_model(tmp_path, sessions_file, capsys, unwritable) -> None:
     # A model path that cannot load: a check made after loading would report the model instead.
-    common = ["generate", "--data", str(sessions_file), "--engine", "hf", "--model", str(tmp_path / "no-model"),
-              "--limit", "1", "--no-progress"]
+    common = [
+        "generate",
+        "--data",
+        str(sessions_file),
+        "--engine",
+        "hf",
+        "--model",
+        str(tmp_path / "no-model"),
+        "--limit",
+        "1",
+        "--no-progress",
+    ]
     a_file = tmp_path / "out.txt"
     a_file.write_text("not a folder")
     line = one_error_line(*run_cli(common + ["--out", str(a_file)], capsys)[::2])
@@ -285,7 +308,9 @@ def test_deeply_nested_json_is_one_clear_line(tmp_path, dataset, capsys) -> None
     line = one_error_line(*run_cli(["metrics", str(run.path)], capsys)[::2])
     assert "manifest.json: expected a JSON object, found an array" in line
     run.manifest_path.write_text(json.dumps({**json.loads(manifest), "stages": {"generate": []}}))
-    assert "field 'stages.generate' should be an object" in one_error_line(*run_cli(["metrics", str(run.path)], capsys)[::2])
+    assert "field 'stages.generate' should be an object" in one_error_line(
+        *run_cli(["metrics", str(run.path)], capsys)[::2]
+    )
 
 
 def test_judge_cache_entry_of_the_wrong_type_is_one_clear_line(tmp_path, dataset, capsys) -> None:
@@ -328,8 +353,19 @@ def test_rejudge_set_up_interrupted_part_way_resumes(tmp_path, dataset, capsys, 
         return Reply(text=good_reply(sessions[sid], turn))
 
     with OpenAIStub(responder) as stub:
-        args = ["judge", str(source.path), "--rejudge", "--out", str(out), "--judge", "openai",
-                "--judge-model", "gpt-4o", "--base-url", stub.base_url]
+        args = [
+            "judge",
+            str(source.path),
+            "--rejudge",
+            "--out",
+            str(out),
+            "--judge",
+            "openai",
+            "--judge-model",
+            "gpt-4o",
+            "--base-url",
+            stub.base_url,
+        ]
         code, _, err = run_cli(args, capsys)
         assert code == 130 and "interrupted" in err and stub.request_count == 0
         monkeypatch.setattr(runstore.JsonlStore, "append", real_append)
@@ -356,8 +392,11 @@ def test_ledger_journal_carries_old_totals_and_counts_before_caching(tmp_path: P
         PaidReply,
     )
 
-    (tmp_path / LEDGER).write_text(json.dumps({"models": {"gpt-4o": {"requests": 7, "cache_hits": 2,
-                                                                     "prompt_tokens": 700, "completion_tokens": 70}}}))
+    (tmp_path / LEDGER).write_text(
+        json.dumps(
+            {"models": {"gpt-4o": {"requests": 7, "cache_hits": 2, "prompt_tokens": 700, "completion_tokens": 70}}}
+        )
+    )
     ledger = JudgeLedger.load(tmp_path, "gpt-4o")
     assert (ledger.current().requests, ledger.current().cache_hits) == (7, 2)
     ledger.paid([PaidReply(100, 10, "session 1, turn 1", 0), PaidReply(None, None, "session 1, turn 2", 0)])
@@ -378,7 +417,9 @@ def test_import_upstream_takes_its_lock_before_reading_anything(tmp_path: Path) 
     from sysbench_gpu.benchmarks.sysbench.upstream import import_workbook
 
     out = tmp_path / "runs" / "gpt4o"
-    with stage_lock(out, "import-upstream", lock_file=out.parent / ".gpt4o.import.lock"):
-        with pytest.raises(StageBusy, match=r"another `import-upstream` \(pid \d+ on host"):
-            import_workbook(tmp_path / "missing.xlsx", out)
+    with (
+        stage_lock(out, "import-upstream", lock_file=out.parent / ".gpt4o.import.lock"),
+        pytest.raises(StageBusy, match=r"another `import-upstream` \(pid \d+ on host"),
+    ):
+        import_workbook(tmp_path / "missing.xlsx", out)
     assert not out.exists() and not (out.parent / ".gpt4o.import.lock").exists()

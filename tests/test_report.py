@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sysbench_gpu.benchmarks.base import save_run_sessions
+from sysbench_gpu.benchmarks.registry import save_run_sessions
 from sysbench_gpu.benchmarks.sysbench import report as sysbench_report
 from sysbench_gpu.benchmarks.sysbench import report_runs, report_tables
 from sysbench_gpu.cli import main
@@ -76,10 +76,7 @@ def _row(markdown: str, label: str) -> list[str]:
 def test_tables_hold_the_right_numbers_and_bold_the_best(toy_runs):
     sessions = toy_runs["sessions"]
     n_constraints = sum(len(t.constraints) for s in sessions for t in s.turns)
-    runs = [
-        report_runs.load_run(toy_runs[name], resamples=50)
-        for name in ("third", "perfect", "first")
-    ]
+    runs = [report_runs.load_run(toy_runs[name], resamples=50) for name in ("third", "perfect", "first")]
     assert [r.label for r in runs] == ["fails_turn3 100% & co", "perfect", "fails_turn1"]
     tables = {t.name: t for t in report_tables.build_tables(runs)}
     overall = table_text.render_markdown(tables["table2_overall"])
@@ -110,7 +107,10 @@ def test_tables_hold_the_right_numbers_and_bold_the_best(toy_runs):
 
 def test_bold_marks_ties_and_only_the_best():
     table = table_text.Table(
-        name="t", title="t", caption="c", groups=[("", ["A", "B"])],
+        name="t",
+        title="t",
+        caption="c",
+        groups=[("", ["A", "B"])],
         rows=[("x", [50.04, 10.0]), ("y", [49.96, 20.0]), ("z", [None, 5.0])],
     )
     md = table_text.render_markdown(table)
@@ -161,8 +161,11 @@ def test_gt_pair_gains_per_turn(toy_runs, tmp_path):
     # Turn 1 is the sanity check: same history in both runs, so only noise may move it.
     assert pair.turn1_noise_band == pytest.approx(0.0)
     fake = {"isr_by_round": [0.5] * 5, "n_sessions": 100}
-    noisy = report_runs.GtPair(label="n", gt=report_runs.RunSummary(Path("g"), "g", None, None, fake, {}),
-                          base=report_runs.RunSummary(Path("b"), "b", None, None, fake, {}))
+    noisy = report_runs.GtPair(
+        label="n",
+        gt=report_runs.RunSummary(Path("g"), "g", None, None, fake, {}),
+        base=report_runs.RunSummary(Path("b"), "b", None, None, fake, {}),
+    )
     assert noisy.turn1_noise_band == pytest.approx(100 * 1.96 * (2 * 0.25 / 100) ** 0.5)
     pairs = [report_runs.GtPair(label="t1", gt=perfect, base=first)]
     result = sysbench_report.write_report([perfect], tmp_path, pairs, figures=False)
@@ -197,11 +200,26 @@ def _assert_figure(path: Path) -> None:
 def test_cli_report_writes_tables_figures_and_provenance(toy_runs, dataset, tmp_path, capsys):
     out = tmp_path / "report"
     gt_pair = f"{toy_runs['perfect']}={toy_runs['third']}"
-    rc = main([
-        "report", str(toy_runs["third"]), str(toy_runs["perfect"]), str(toy_runs["first"]),
-        "--out", str(out), "--gt-pair", gt_pair, "--labels", "third,perfect,first",
-        "--data", str(dataset.path), "--sort", "ssr", "--resamples", "20",
-    ])
+    rc = main(
+        [
+            "report",
+            str(toy_runs["third"]),
+            str(toy_runs["perfect"]),
+            str(toy_runs["first"]),
+            "--out",
+            str(out),
+            "--gt-pair",
+            gt_pair,
+            "--labels",
+            "third,perfect,first",
+            "--data",
+            str(dataset.path),
+            "--sort",
+            "ssr",
+            "--resamples",
+            "20",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     for name in ("table2_overall", "table3_alignment", "table4_rounds", "table6_csr_by_type", "table_gt_history_gain"):
         assert (out / f"{name}.md").is_file() and (out / f"{name}.tex").is_file()
@@ -267,8 +285,9 @@ def test_radar_with_fourteen_runs_has_no_font_warnings(tmp_path):
     assert drawn.warnings == []
     _assert_figure(drawn.paths[0])
     # A Chinese label would have no glyph in the default fonts: the warning is caught and handed back.
-    drawn = figures.plot_gt_history_gain(["模型"], [{"dependent": [0, 1, 2, 3, 4], "parallel": [1, 0, 2, 1, 3]}],
-                                         tmp_path / "gain", ["png"])
+    drawn = figures.plot_gt_history_gain(
+        ["模型"], [{"dependent": [0, 1, 2, 3, 4], "parallel": [1, 0, 2, 1, 3]}], tmp_path / "gain", ["png"]
+    )
     assert any("missing from" in w for w in drawn.warnings)
 
 

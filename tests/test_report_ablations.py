@@ -4,13 +4,13 @@ and the ground-truth-history gain split by dependent and parallel sessions with 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from test_report import _assert_figure, _pick_sessions, _row
 
-from sysbench_gpu.benchmarks.base import save_run_sessions
+from sysbench_gpu.benchmarks.registry import save_run_sessions
 from sysbench_gpu.benchmarks.sysbench import report_runs
 from sysbench_gpu.benchmarks.sysbench.report_ablations import (
     RunKind,
@@ -35,14 +35,19 @@ def _make(path: Path, dataset, sessions, fails: Fails, model: str = "toy", **gen
         run.update_manifest(stage="generate", status="complete", model=model, benchmark="sysbench", **generate)
     run.generations.append(
         GenerationRecord(system_id=s.system_id, turn=t.index, user=t.user, response="ok", model=model)
-        for s in sessions for t in s.turns
+        for s in sessions
+        for t in s.turns
     )
     records = []
     for session in sessions:
         for turn in session.turns:
             bad = fails(session, turn.index)
-            verdicts = {str(c.id): Verdict(raw="否" if bad and i == 0 else "是", value="no" if bad and i == 0 else "yes",
-                                           type=c.type) for i, c in enumerate(turn.constraints)}
+            verdicts = {
+                str(c.id): Verdict(
+                    raw="否" if bad and i == 0 else "是", value="no" if bad and i == 0 else "yes", type=c.type
+                )
+                for i, c in enumerate(turn.constraints)
+            }
             records.append(JudgmentRecord(system_id=session.system_id, turn=turn.index, verdicts=verdicts))
     run.judgments.append(records)
     return path
@@ -59,14 +64,42 @@ def ablation_runs(tmp_path_factory, dataset):
     """
     root = tmp_path_factory.mktemp("ablations")
     sessions = _pick_sessions(dataset)
-    own = _make(root / "own", dataset, sessions, lambda s, t: t == 4 or (s.dependent and t == 3),
-                history="model", distractor_turns=0, distractor_seed=None)
-    ref = _make(root / "reference", dataset, sessions, lambda s, t: s.dependent and t == 4,
-                history="reference", distractor_turns=0, distractor_seed=None)
-    single = _make(root / "single", dataset, sessions, lambda s, t: t == 2,
-                   history="single-turn", distractor_turns=0, distractor_seed=None)
-    distract = _make(root / "distract", dataset, sessions, lambda s, t: t <= 2,
-                     history="model", distractor_turns=2, distractor_seed=0)
+    own = _make(
+        root / "own",
+        dataset,
+        sessions,
+        lambda s, t: t == 4 or (s.dependent and t == 3),
+        history="model",
+        distractor_turns=0,
+        distractor_seed=None,
+    )
+    ref = _make(
+        root / "reference",
+        dataset,
+        sessions,
+        lambda s, t: s.dependent and t == 4,
+        history="reference",
+        distractor_turns=0,
+        distractor_seed=None,
+    )
+    single = _make(
+        root / "single",
+        dataset,
+        sessions,
+        lambda s, t: t == 2,
+        history="single-turn",
+        distractor_turns=0,
+        distractor_seed=None,
+    )
+    distract = _make(
+        root / "distract",
+        dataset,
+        sessions,
+        lambda s, t: t <= 2,
+        history="model",
+        distractor_turns=2,
+        distractor_seed=0,
+    )
     other = _make(root / "other", dataset, sessions, lambda s, t: False, model="other")
     return {"own": own, "ref": ref, "single": single, "distract": distract, "other": other}
 
@@ -76,7 +109,8 @@ def test_run_kind_from_generate_import_or_nothing():
     assert run_kind({"stages": {"generate": {"history": "single-turn"}}}).name == "single-turn"
     assert run_kind({"stages": {"generate": {"history": "model", "distractor_turns": 3}}}).name == "3 distractor turns"
     assert run_kind({"stages": {"generate": {"history": "reference", "distractor_turns": 1}}}).name == (
-        "1 distractor turn, ground-truth history")
+        "1 distractor turn, ground-truth history"
+    )
     imported = run_kind({"stages": {"import": {"history": "reference"}}})
     assert imported.imported and imported.name == "ground-truth history"
     assert run_kind({"stages": {"generate": {"benchmark": "sysbench"}}}).name == "own history"  # older fields missing
@@ -85,8 +119,9 @@ def test_run_kind_from_generate_import_or_nothing():
 def test_one_figure_and_table_for_every_kind_of_one_model(ablation_runs, tmp_path, capsys):
     out = tmp_path / "report"
     order = ["distract", "own", "single", "ref", "other"]
-    rc = main(["report", *(str(ablation_runs[k]) for k in order), "--out", str(out), "--resamples", "20",
-               "--formats", "png"])
+    rc = main(
+        ["report", *(str(ablation_runs[k]) for k in order), "--out", str(out), "--resamples", "20", "--formats", "png"]
+    )
     assert rc == 0, capsys.readouterr().err
     _assert_figure(out / "fig_history_ablation_isr.png")
     table = (out / "table_history_ablation.md").read_text(encoding="utf-8")
@@ -115,11 +150,25 @@ def test_gt_pair_joins_the_panel_and_the_gain_is_split_by_group(ablation_runs, t
     panels = ablation_panels(groups)
     assert [name for name, _, _ in panels[0][1]] == ["own history", "ground-truth history", "single-turn"]
     # Dependent sessions: the reference run passes turn 3 where own history fails it. Parallel: turn 4.
-    assert gains_by_group(pair) == {"dependent": pytest.approx([0, 0, 100, 0, 0]),
-                                    "parallel": pytest.approx([0, 0, 0, 100, 0])}
+    assert gains_by_group(pair) == {
+        "dependent": pytest.approx([0, 0, 100, 0, 0]),
+        "parallel": pytest.approx([0, 0, 0, 100, 0]),
+    }
     out = tmp_path / "report"
-    rc = main(["report", str(ablation_runs["own"]), "--out", str(out), "--gt-pair",
-               f"{ablation_runs['ref']}={ablation_runs['own']}", "--resamples", "10", "--formats", "png"])
+    rc = main(
+        [
+            "report",
+            str(ablation_runs["own"]),
+            "--out",
+            str(out),
+            "--gt-pair",
+            f"{ablation_runs['ref']}={ablation_runs['own']}",
+            "--resamples",
+            "10",
+            "--formats",
+            "png",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     _assert_figure(out / "fig_gt_history_gain.png")
     meta = json.loads((out / "report.json").read_text(encoding="utf-8"))
@@ -135,8 +184,21 @@ def test_repeated_kind_is_a_warning(ablation_runs, tmp_path, capsys):
     again = tmp_path / "own-again"
     shutil.copytree(ablation_runs["own"], again)
     out = tmp_path / "report"
-    rc = main(["report", str(ablation_runs["single"]), str(ablation_runs["own"]), str(again),
-               "--labels", "s,o1,o2", "--out", str(out), "--resamples", "10", "--no-figures"])
+    rc = main(
+        [
+            "report",
+            str(ablation_runs["single"]),
+            str(ablation_runs["own"]),
+            str(again),
+            "--labels",
+            "s,o1,o2",
+            "--out",
+            str(out),
+            "--resamples",
+            "10",
+            "--no-figures",
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert "o2 and o1 are both own history runs; the figure shows o1" in captured.err

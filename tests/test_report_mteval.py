@@ -36,15 +36,18 @@ def toy(tmp_path_factory, mteval_data_dir):
     data = mteval_data_dir
     runs = {
         "cls": make_mteval_run(root / "cls", data / "recollection_multi_cls.jsonl", [1], _cls_even, model="toy"),
-        "gi": make_mteval_run(root / "gi", data / "recollection_multi_global-inst.jsonl", [1, 17, 21],
-                              _global_inst_reply, model="toy"),
+        "gi": make_mteval_run(
+            root / "gi", data / "recollection_multi_global-inst.jsonl", [1, 17, 21], _global_inst_reply, model="toy"
+        ),
         "exp": make_mteval_run(root / "exp", data / "expansion_multi.jsonl", [1], _scored(8), model="toy"),
         "ref": make_mteval_run(root / "ref", data / "refinement_multi.jsonl", [1, 2], _scored(6), model="toy"),
         "fu": make_mteval_run(root / "fu", data / "follow-up_multi.jsonl", [1], _scored(9), model="toy"),
-        "gold": make_mteval_run(root / "gold", data / "refinement_multi.jsonl", [1, 2], _scored(7), model="toy",
-                                history="reference"),
-        "single": make_mteval_run(root / "single", data / "refinement_single.jsonl", range(1, 11), _scored(5),
-                                  model="toy"),
+        "gold": make_mteval_run(
+            root / "gold", data / "refinement_multi.jsonl", [1, 2], _scored(7), model="toy", history="reference"
+        ),
+        "single": make_mteval_run(
+            root / "single", data / "refinement_single.jsonl", range(1, 11), _scored(5), model="toy"
+        ),
     }
     for name, run in runs.items():
         if name in ("cls", "gi"):
@@ -88,8 +91,19 @@ def test_leaderboard_averages_by_hand(toy, tmp_path, capsys):
 
 def test_side_by_side_is_paired_for_gold_history_and_unpaired_for_single(toy, tmp_path, capsys):
     out = tmp_path / "report"
-    rc = main(["report", str(toy["ref"]), str(toy["gold"]), str(toy["single"]), "--out", str(out),
-               "--resamples", "200", "--no-figures"])
+    rc = main(
+        [
+            "report",
+            str(toy["ref"]),
+            str(toy["gold"]),
+            str(toy["single"]),
+            "--out",
+            str(out),
+            "--resamples",
+            "200",
+            "--no-figures",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     meta = json.loads((out / "report.json").read_text(encoding="utf-8"))
     gold, single = meta["side_by_side"][0]["comparisons"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sysbench_gpu.benchmarks.base import load_run_sessions, save_run_sessions
+from sysbench_gpu.benchmarks.registry import load_run_sessions, save_run_sessions
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.records import GenerationRecord, JudgmentRecord, Verdict
 from sysbench_gpu.core.rundir import RunDir
@@ -122,9 +122,11 @@ def test_sessions_snapshot_round_trip(tmp_path: Path, dataset) -> None:
         dataset.select([9999])
 
 
-@pytest.mark.parametrize("name", ["follow-up_multi.jsonl", "recollection_multi_global-inst.jsonl", "refinement_single.jsonl"])
+@pytest.mark.parametrize(
+    "name", ["follow-up_multi.jsonl", "recollection_multi_global-inst.jsonl", "refinement_single.jsonl"]
+)
 def test_mteval_snapshot_round_trip_keeps_ids_and_task(tmp_path: Path, mteval_data_dir: Path, name: str) -> None:
-    from sysbench_gpu.benchmarks.base import load_dataset
+    from sysbench_gpu.benchmarks.registry import load_dataset
 
     source = load_dataset(mteval_data_dir / name)
     chosen = list(source.sessions)[3:6]  # a subset: ids 4-6, not 1-3, and a file name that names no task
@@ -162,9 +164,16 @@ def test_keys_are_checked_against_the_file_under_the_lock(tmp_path: Path) -> Non
         ("generations", {"response": None}, "field 'response' is null but status is 'ok'"),
         ("generations", {"colour": "red"}, "field 'colour' is not a field of this record"),
         ("generations", {"turn": True}, "field 'turn' should be an integer, found a boolean"),
-        ("judgments", {"parse_status": "fine"}, "field 'parse_status' is 'fine', expected one of ok, unparsed, imported, skipped"),
-        ("judgments", {"verdicts": {"1": {"raw": "maybe", "value": "maybe", "type": "format"}}},
-         "field 'verdicts.1.value' is 'maybe', expected one of yes, no, other"),
+        (
+            "judgments",
+            {"parse_status": "fine"},
+            "field 'parse_status' is 'fine', expected one of ok, unparsed, imported, skipped",
+        ),
+        (
+            "judgments",
+            {"verdicts": {"1": {"raw": "maybe", "value": "maybe", "type": "format"}}},
+            "field 'verdicts.1.value' is 'maybe', expected one of yes, no, other",
+        ),
         ("judgments", {"verdicts": {"1": "是"}}, "field 'verdicts.1' should be an object, found a string"),
         ("judgments", {"attempts": -1}, "field 'attempts' is -1, expected 0 or more"),
     ],

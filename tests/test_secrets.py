@@ -30,8 +30,9 @@ def run_cli(*args: str, env_key: str | None = KEY) -> tuple[int, str, str]:
     env.pop(KEY_ENV, None)
     if env_key is not None:
         env[KEY_ENV] = env_key
-    done = subprocess.run([sys.executable, "-m", "sysbench_gpu", *args], env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "sysbench_gpu", *args], env=env, capture_output=True, text=True, timeout=120
+    )
     return done.returncode, done.stdout, done.stderr
 
 
@@ -53,8 +54,15 @@ def test_redact_covers_keys_urls_and_bearer_strings(monkeypatch: pytest.MonkeyPa
         "again registered-secret-value | echoed sk-test-****************cdef"
     )
     cleaned = redact.redact(text)
-    for secret in ("sk-proj-ABCDEFGH12345678", "dXNlcjpwYXNz", "pa55word", "QUERYKEY", "zz-0123456789abcdefXYZ",
-                   "registered-secret-value", "****cdef"):
+    for secret in (
+        "sk-proj-ABCDEFGH12345678",
+        "dXNlcjpwYXNz",
+        "pa55word",
+        "QUERYKEY",
+        "zz-0123456789abcdefXYZ",
+        "registered-secret-value",
+        "****cdef",
+    ):
         assert secret not in cleaned, secret
     assert "http://[REDACTED]@host:8000/v1?api-key=[REDACTED]&x=1" in cleaned
     assert "Bearer [REDACTED]" in cleaned and "Authorization: Basic [REDACTED]" in cleaned
@@ -78,8 +86,25 @@ def test_log_filter_rewrites_messages_and_tracebacks(caplog: pytest.LogCaptureFi
 
 
 def _judge_args(run: Path, url: str, *extra: str) -> list[str]:
-    return ["judge", str(run), "--judge", "openai", "--judge-model", "gpt-4o-mini", "--base-url", url,
-            "--api-key-env", KEY_ENV, "--api-retries", "2", "--timeout", "10", "--concurrency", "1", *extra]
+    return [
+        "judge",
+        str(run),
+        "--judge",
+        "openai",
+        "--judge-model",
+        "gpt-4o-mini",
+        "--base-url",
+        url,
+        "--api-key-env",
+        KEY_ENV,
+        "--api-retries",
+        "2",
+        "--timeout",
+        "10",
+        "--concurrency",
+        "1",
+        *extra,
+    ]
 
 
 def test_echoed_key_in_401_and_503_never_lands_in_files_or_terminal(tmp_path: Path, dataset, sessions_file) -> None:
@@ -88,8 +113,24 @@ def test_echoed_key_in_401_and_503_never_lands_in_files_or_terminal(tmp_path: Pa
     with OpenAIStub(lambda body, n: Reply(status=401, message=ECHO)) as stub:
         code, stdout, stderr = run_cli(*_judge_args(run.path, stub.base_url))
         assert stub.request_count == 1  # a 401 is not retried
-        generate = ["generate", "--data", str(sessions_file), "--engine", "openai", "--model", "m", "--out", str(out),
-                    "--limit", "1", "--no-progress", "--api-key-env", KEY_ENV, "--base-url", stub.base_url]
+        generate = [
+            "generate",
+            "--data",
+            str(sessions_file),
+            "--engine",
+            "openai",
+            "--model",
+            "m",
+            "--out",
+            str(out),
+            "--limit",
+            "1",
+            "--no-progress",
+            "--api-key-env",
+            KEY_ENV,
+            "--base-url",
+            stub.base_url,
+        ]
         g_code, g_out, g_err = run_cli(*generate)
     assert code == 2 and g_code == 2
     for text in (stdout, stderr, g_out, g_err):

@@ -11,21 +11,24 @@ import pytest
 
 openpyxl = pytest.importorskip("openpyxl")
 
-from sysbench_gpu import cli  # noqa: E402
-from sysbench_gpu.benchmarks.base import (
-    load_dataset,  # noqa: E402
-    load_run_sessions,
-)
-from sysbench_gpu.benchmarks.sysbench.upstream import import_workbook
-from sysbench_gpu.benchmarks.sysbench.upstream_records import parse_checklist
-from sysbench_gpu.benchmarks.sysbench.upstream_workbook import REQUIRED_COLUMNS
-from sysbench_gpu.core.rundir import RunDir  # noqa: E402
+from sysbench_gpu import cli  # noqa: E402 (after importorskip: openpyxl is optional)
+from sysbench_gpu.benchmarks.registry import load_dataset, load_run_sessions  # noqa: E402 (after importorskip: openpyxl is optional)
+from sysbench_gpu.benchmarks.sysbench.upstream import import_workbook  # noqa: E402 (after importorskip: openpyxl is optional)
+from sysbench_gpu.benchmarks.sysbench.upstream_records import parse_checklist  # noqa: E402 (after importorskip: openpyxl is optional)
+from sysbench_gpu.benchmarks.sysbench.upstream_workbook import REQUIRED_COLUMNS  # noqa: E402 (after importorskip: openpyxl is optional)
+from sysbench_gpu.core.rundir import RunDir  # noqa: E402 (after importorskip: openpyxl is optional)
 
 SHARED = Path(os.environ.get("SYSBENCH_SHARED", Path(__file__).resolve().parents[2] / "shared" / "sysbench"))
 UPSTREAM = SHARED / "upstream-results"
 WORKBOOKS = sorted(p.relative_to(UPSTREAM).as_posix() for p in UPSTREAM.glob("**/*_analysis.xlsx"))
-TYPES = {"动作约束": "action", "内容约束": "content", "背景约束": "background", "角色约束": "role",
-         "格式约束": "format", "风格约束": "style"}
+TYPES = {
+    "动作约束": "action",
+    "内容约束": "content",
+    "背景约束": "background",
+    "角色约束": "role",
+    "格式约束": "format",
+    "风格约束": "style",
+}
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +64,9 @@ def recompute(workbook: Path) -> tuple[dict, dict]:
     book = openpyxl.load_workbook(workbook, read_only=True)
     rows = book["详情"].iter_rows(values_only=True)
     header = next(rows)
-    rows = [dict(zip(header, row)) for row in rows]
+    rows = [dict(zip(header, row, strict=False)) for row in rows]
     type_sheet = list(book["不同约束类型遵循"].iter_rows(values_only=True))
-    published = dict(zip(type_sheet[0][1:], next(r for r in type_sheet if r[0] == "遵循率")[1:]))
+    published = dict(zip(type_sheet[0][1:], next(r for r in type_sheet if r[0] == "遵循率")[1:], strict=False))
     book.close()
 
     satisfied, total = defaultdict(int), defaultdict(int)
@@ -77,7 +80,7 @@ def recompute(workbook: Path) -> tuple[dict, dict]:
         types = [line.rsplit(" | ", 1)[1] for line in row["评判细则"].split("\n")]
         verdicts = [line.rsplit(" | ", 1)[1] for line in row["评判结果"].split("\n")]
         assert len(types) == len(verdicts)
-        for kind, verdict in zip(types, verdicts):
+        for kind, verdict in zip(types, verdicts, strict=False):
             total[TYPES[kind]] += 1
             satisfied[TYPES[kind]] += verdict == "是"
             verdict_counts["yes" if verdict == "是" else "no" if verdict == "否" else "other"] += 1
@@ -116,11 +119,17 @@ def recompute(workbook: Path) -> tuple[dict, dict]:
         "ssr": mean(rounds["all"]),
         "csr_by_type": {t: satisfied[t] / total[t] if total[t] else None for t in TYPES.values()},
         "n_constraints_by_type": {t: total[t] for t in TYPES.values()},
-        "isr_by_alignment": {a: mean(turns_by[("dependent", a)] + turns_by[("parallel", a)])
-                             for a in ("aligned", "misaligned")},
-        "isr_by_group": {g: {"aligned": mean(turns_by[(g, "aligned")]), "misaligned": mean(turns_by[(g, "misaligned")]),
-                             "all": mean(turns_by[(g, "aligned")] + turns_by[(g, "misaligned")])}
-                         for g in ("dependent", "parallel")},
+        "isr_by_alignment": {
+            a: mean(turns_by[("dependent", a)] + turns_by[("parallel", a)]) for a in ("aligned", "misaligned")
+        },
+        "isr_by_group": {
+            g: {
+                "aligned": mean(turns_by[(g, "aligned")]),
+                "misaligned": mean(turns_by[(g, "misaligned")]),
+                "all": mean(turns_by[(g, "aligned")] + turns_by[(g, "misaligned")]),
+            }
+            for g in ("dependent", "parallel")
+        },
         "rounds": rounds,
         "ssr_by_group": {g: mean(rounds[g]) for g in ("dependent", "parallel")},
         "isr_by_round": [mean(by_round[n]) for n in range(1, 6)],
@@ -137,7 +146,7 @@ def assert_close(actual, expected, where: str) -> None:
             assert_close(actual[key], expected[key], f"{where}.{key}")
     elif isinstance(expected, list):
         assert len(actual) == len(expected), where
-        for index, (a, e) in enumerate(zip(actual, expected)):
+        for index, (a, e) in enumerate(zip(actual, expected, strict=False)):
             assert_close(a, e, f"{where}[{index}]")
     elif expected is None:
         assert actual is None, where
@@ -145,8 +154,11 @@ def assert_close(actual, expected, where: str) -> None:
         assert actual == pytest.approx(expected, abs=1e-12), where
 
 
-@pytest.mark.parametrize("relative", WORKBOOKS, ids=lambda r: r.removesuffix("_analysis.xlsx").split("/")[-1]
-                         + ("-gt" if "with_gt_history_output" in r else ""))
+@pytest.mark.parametrize(
+    "relative",
+    WORKBOOKS,
+    ids=lambda r: r.removesuffix("_analysis.xlsx").split("/")[-1] + ("-gt" if "with_gt_history_output" in r else ""),
+)
 def test_import_matches_recomputation(relative, imported, capsys):
     workbook = UPSTREAM / relative
     run = imported(relative)
@@ -176,7 +188,10 @@ def test_import_matches_recomputation(relative, imported, capsys):
 def test_gpt4o_reproduces_the_paper(imported, capsys):
     result = metrics_json(imported("gpt4o/gpt4o_analysis.xlsx"), capsys)
     assert (round(100 * result["csr"], 1), round(100 * result["isr"], 1), round(100 * result["ssr"], 1)) == (
-        87.1, 76.4, 54.4)
+        87.1,
+        76.4,
+        54.4,
+    )
     assert result["model"] == "gpt4o"
 
 
@@ -202,8 +217,10 @@ def test_empty_answers_are_kept_and_counted(imported):
 def test_import_with_data_checks_agreement(tmp_path, sessions_file, capsys):
     workbook = UPSTREAM / "with_gt_history_output/gpt4o/gpt4o_analysis.xlsx"
     out = tmp_path / "ok"
-    assert cli.main(["import-upstream", str(workbook), "--out", str(out), "--data", str(sessions_file),
-                     "--label", "mine"]) == 0
+    assert (
+        cli.main(["import-upstream", str(workbook), "--out", str(out), "--data", str(sessions_file), "--label", "mine"])
+        == 0
+    )
     manifest = RunDir(out).read_manifest()
     assert manifest["label"] == "mine" and manifest["dataset"]["sha256"] == load_dataset(sessions_file).sha256
     assert manifest["stages"]["import"]["sessions_from"] == str(sessions_file)
@@ -228,10 +245,20 @@ def row(system_id, round_index, checklist, verdicts, **cells):
     prompts = [f"问题 {system_id}-{n}" for n in range(1, 6)]
     shifted = [prompts[0], "参考 1", prompts[1], "参考 2", prompts[2]]
     base = {
-        "system_id": system_id, "领域": "测试", "场景": None, "multi_rounds_related": system_id % 2 == 1,
-        "alignment": "align", "round_index": round_index, "system_prompt": f"系统 {system_id}",
-        "prompt": prompts[round_index - 1], "referrence": shifted[round_index - 1], "answer": "回答",
-        "infer_model": "toy", "评判细则": checklist, "评判理由": "理由", "评判结果": verdicts,
+        "system_id": system_id,
+        "领域": "测试",
+        "场景": None,
+        "multi_rounds_related": system_id % 2 == 1,
+        "alignment": "align",
+        "round_index": round_index,
+        "system_prompt": f"系统 {system_id}",
+        "prompt": prompts[round_index - 1],
+        "referrence": shifted[round_index - 1],
+        "answer": "回答",
+        "infer_model": "toy",
+        "评判细则": checklist,
+        "评判理由": "理由",
+        "评判结果": verdicts,
         "是否可用": int("否" not in verdicts),
     }
     base.update(cells)
@@ -242,7 +269,9 @@ def toy_rows() -> list[dict]:
     rows = []
     for system_id in (1, 2):
         for n in range(1, 6):
-            rows.append(row(system_id, n, "1. 要礼貌 | 风格约束\n2. 用表格 | 格式约束", "1. 风格约束 | 是\n2. 格式约束 | 是"))
+            rows.append(
+                row(system_id, n, "1. 要礼貌 | 风格约束\n2. 用表格 | 格式约束", "1. 风格约束 | 是\n2. 格式约束 | 是")
+            )
     return rows
 
 
@@ -264,13 +293,20 @@ def test_toy_workbook_checklist_references_and_verdict_rule(tmp_path):
     rows[6] = row(2, 2, "1. 要礼貌 | 风格约束\n2. 用表格 | 格式约束", "1. 风格约束 | 是\n2. 格式约束 | 否", 是否可用=1)
     result = import_workbook(write_book(tmp_path / "toy_analysis.xlsx", rows), tmp_path / "run")
     assert (result.rows, result.sessions, result.model, result.label) == (10, 2, "toy", tmp_path.name)
-    assert result.anomalies == {"extra_verdict_line": 1, "missing_verdict": 1, "verdict_type_mismatch": 1,
-                                "usable_disagrees": 1}
+    assert result.anomalies == {
+        "extra_verdict_line": 1,
+        "missing_verdict": 1,
+        "verdict_type_mismatch": 1,
+        "usable_disagrees": 1,
+    }
     run = RunDir(tmp_path / "run")
     session = load_run_sessions(run)[0]
     turn3 = session.turn(3)
     assert [(c.id, c.content, c.type) for c in turn3.constraints] == [
-        (1, "回答用 A | B 两栏\n第二行说明 | 仍是内容", "format"), (2, "语气友好", "style"), (3, "不谈政治", "action")]
+        (1, "回答用 A | B 两栏\n第二行说明 | 仍是内容", "format"),
+        (2, "语气友好", "style"),
+        (3, "不谈政治", "action"),
+    ]
     assert [t.reference for t in session.turns] == ["参考 1", "参考 2", None, None, None]
     verdicts = run.judgments.read()[(1, 3)].verdicts
     assert {k: v.value for k, v in verdicts.items()} == {"1": "yes", "2": "other", "3": "no", "extra-4": "yes"}

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 # A system message long enough to fill several KV blocks (16 tokens each), so a
@@ -44,9 +45,7 @@ def main(out_path: str) -> None:
 
     report: dict[str, Any] = {}
     started = time.perf_counter()
-    engine = get_engine(
-        "vllm", model="smollm2", max_model_len=2048, seed=0, enforce_eager=True
-    )
+    engine = get_engine("vllm", model="smollm2", max_model_len=2048, seed=0, enforce_eager=True)
     report["load_s"] = time.perf_counter() - started
     try:
         report["describe"] = engine.describe()
@@ -55,12 +54,17 @@ def main(out_path: str) -> None:
         report["is_primary"] = engine.is_primary
         startup_log = report["describe"].get("startup_log")
         report["startup_log_has_vllm_output"] = bool(
-            startup_log and os.path.isfile(startup_log) and "EngineCore" in open(startup_log, encoding="utf-8").read()
+            startup_log
+            and os.path.isfile(startup_log)
+            and "EngineCore" in Path(startup_log).read_text(encoding="utf-8")
         )
 
         # 1. A small batch, in order, with token counts; the prompt count matches the engine's own.
-        batch = [conversation("Where is the tile museum?"), conversation("What is 2 + 2?", system=None),
-                 conversation("Name one painting.")]
+        batch = [
+            conversation("Where is the tile museum?"),
+            conversation("What is 2 + 2?", system=None),
+            conversation("Name one painting."),
+        ]
         clock = time.perf_counter()
         completions = engine.chat(batch, SamplingSpec(max_tokens=8, temperature=0.0))
         report["batch_s"] = time.perf_counter() - clock
@@ -73,7 +77,7 @@ def main(out_path: str) -> None:
                 "cached_prompt_tokens": c.cached_prompt_tokens,
                 "finish_reason": c.finish_reason,
             }
-            for conv, c in zip(batch, completions)
+            for conv, c in zip(batch, completions, strict=False)
         ]
 
         # 2. The same system prompt again, next turn appended: the history comes from the prefix cache.

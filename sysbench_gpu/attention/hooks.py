@@ -32,15 +32,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sysbench_gpu.attention.chunks import DEFAULT_BUDGET_BYTES, plan_chunks
 from sysbench_gpu.attention.kernels import KernelInputs, choose_kernel
+from sysbench_gpu.attention.layer_call import _all_configs, _LayerCall, _span_hull
 from sysbench_gpu.attention.layers import attention_modules, num_layers, resolve_layers
-from sysbench_gpu.attention.span_math import (
-    DEFAULT_BUDGET_BYTES,
-    eager_reference_shares,
-    plan_chunks,
-    span_share,
-    span_share_given_lse,
-)
+from sysbench_gpu.attention.span_math import eager_reference_shares, span_share, span_share_given_lse
 from sysbench_gpu.core.errors import SysbenchError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -122,8 +118,17 @@ class LayerSink:
     layer: int
     capture: AttentionShareCapture
 
-    def attend(self, module: Any, base: str, base_fn: Any, query: Any, key: Any, value: Any, attention_mask: Any,
-               kwargs: dict[str, Any]) -> Any:
+    def attend(
+        self,
+        module: Any,
+        base: str,
+        base_fn: Any,
+        query: Any,
+        key: Any,
+        value: Any,
+        attention_mask: Any,
+        kwargs: dict[str, Any],
+    ) -> Any:
         return self.capture._attend(self.layer, module, base, base_fn, query, key, value, attention_mask, kwargs)
 
 
@@ -260,8 +265,18 @@ class AttentionShareCapture:
                 "during the forward; this model bypasses it and is not supported"
             )
 
-    def _attend(self, layer: int, module: Any, base: str, base_fn: Any, query: Any, key: Any, value: Any,
-                attention_mask: Any, kwargs: dict[str, Any]) -> Any:
+    def _attend(
+        self,
+        layer: int,
+        module: Any,
+        base: str,
+        base_fn: Any,
+        query: Any,
+        key: Any,
+        value: Any,
+        attention_mask: Any,
+        kwargs: dict[str, Any],
+    ) -> Any:
         """One captured layer: its attention output for the model, and its span shares into ``results``."""
         call = _LayerCall.read(layer, module, base, attention_mask, kwargs)
         plan_heads = query.shape[0] * query.shape[1]
@@ -279,18 +294,44 @@ class AttentionShareCapture:
                 choice = None
                 self._note(layer, f"fallback ({reason})")
         if kernel is not None:
-            plan = plan_chunks(1, plan_heads, query.shape[2], _span_hull(self.spans, key.shape[2]), self.budget_bytes,
-                               self.chunk_tokens, query.device.type)
-            shares = span_share_given_lse(query, key, self.spans, kernel.lse, scale=call.scale, q_chunk=plan.q_chunk,
-                                          k_chunk=plan.k_chunk, causal=call.causal, mask=call.mask)
+            plan = plan_chunks(
+                1,
+                plan_heads,
+                query.shape[2],
+                _span_hull(self.spans, key.shape[2]),
+                self.budget_bytes,
+                self.chunk_tokens,
+                query.device.type,
+            )
+            shares = span_share_given_lse(
+                query,
+                key,
+                self.spans,
+                kernel.lse,
+                scale=call.scale,
+                q_chunk=plan.q_chunk,
+                k_chunk=plan.k_chunk,
+                causal=call.causal,
+                mask=call.mask,
+            )
             output: Any = (kernel.output, None)
             self._note(layer, f"kernel-lse ({choice.name}){call.note}")
         else:
             output = base_fn(module, query, key, value, attention_mask, **kwargs)
-            plan = plan_chunks(1, plan_heads, query.shape[2], key.shape[2], self.budget_bytes, self.chunk_tokens,
-                               query.device.type)
-            shares = span_share(query, key, self.spans, scale=call.scale, q_chunk=plan.q_chunk, k_chunk=plan.k_chunk,
-                                causal=call.causal, softcap=call.softcap, mask=call.mask)
+            plan = plan_chunks(
+                1, plan_heads, query.shape[2], key.shape[2], self.budget_bytes, self.chunk_tokens, query.device.type
+            )
+            shares = span_share(
+                query,
+                key,
+                self.spans,
+                scale=call.scale,
+                q_chunk=plan.q_chunk,
+                k_chunk=plan.k_chunk,
+                causal=call.causal,
+                softcap=call.softcap,
+                mask=call.mask,
+            )
             if choice is not None or self.path == "fallback":
                 why = "requested" if self.path == "fallback" else choice.reason
                 self._note(layer, f"fallback ({why}){call.note}")
@@ -308,84 +349,3 @@ class AttentionShareCapture:
             level = logging.WARNING if "not applied" in description else logging.INFO
             log.log(level, "attention capture, layer %d: %s", layer, description)
             known.append(description)
-
-
-@dataclass(frozen=True)
-class _LayerCall:
-    """What the model passed to one attention call, read once.
-
-    Scale, visibility and softcap as the base path applies them.
-    """
-
-    scale: float | None
-    causal: bool
-    mask: Any  # the model's 4-D mask, or None
-    softcap: float | None  # the softcap the base path applies (SDPA applies none)
-    note: str  # appended to the recorded path, e.g. that the model's SDPA path ignores its softcap
-
-    @classmethod
-    def read(cls, layer: int, module: Any, base: str, attention_mask: Any, kwargs: dict[str, Any]) -> _LayerCall:
-        for unsupported in ("position_bias", "s_aux", "sinks"):
-            if kwargs.get(unsupported) is not None:
-                raise SysbenchError(
-                    f"layer {layer} ({type(module).__name__}) uses {unsupported}; "
-                    "attention share capture does not model it"
-                )
-        if getattr(module, "training", False) and kwargs.get("dropout"):
-            raise SysbenchError("attention capture needs the model in eval mode (dropout is on)")
-        mask = (
-            attention_mask
-            if (attention_mask is not None and getattr(attention_mask, "dim", lambda: 0)() == 4)
-            else None
-        )
-        if attention_mask is not None and mask is None:
-            raise SysbenchError(
-                f"layer {layer}: attention mask of shape {tuple(attention_mask.shape)} is not supported (padding?); "
-                "run one unpadded sequence per forward"
-            )
-        scale = kwargs.get("scaling")
-        if scale is None:
-            scale = getattr(module, "scaling", None)
-        is_causal = kwargs.get("is_causal")
-        if is_causal is None:
-            is_causal = getattr(module, "is_causal", True)
-        softcap = kwargs.get("softcap") or None
-        note = ""
-        if softcap and base != "eager":
-            # transformers' SDPA path drops softcap: the model ran without it, so the shares have none either.
-            note = f"; softcap {softcap:g} not applied: the model's {base} attention ignores it"
-            softcap = None
-        # A sliding window reaches SDPA and eager attention only through the mask, so only the mask is used here.
-        return cls(
-            scale=None if scale is None else float(scale), causal=bool(is_causal), mask=mask, softcap=softcap, note=note
-        )
-
-    def sdpa_is_causal(self, query: Any) -> bool:
-        """The causal flag transformers' SDPA path passes: only without a mask and with more than one query."""
-        return self.causal and self.mask is None and query.shape[2] > 1
-
-
-def _span_hull(spans: Sequence[tuple[int, int]], t_k: int) -> int:
-    """Keys between the first span's start and the last span's end (what span_share_given_lse reads per query)."""
-    live = [(max(0, a), min(t_k, b)) for a, b in spans if min(t_k, b) > max(0, a)]
-    return max(1, max(b for _, b in live) - min(a for a, _ in live)) if live else 1
-
-
-def _all_configs(model: Any) -> list[Any]:
-    """Every config object reachable from the model's modules and their sub-configs (deduplicated)."""
-    seen: dict[int, Any] = {}
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if config is None or not hasattr(config, "_attn_implementation"):
-            continue
-        stack = [config]
-        while stack:
-            item = stack.pop()
-            if id(item) in seen:
-                continue
-            seen[id(item)] = item
-            for key in getattr(item, "sub_configs", {}) or {}:
-                sub = getattr(item, key, None)
-                if sub is not None and hasattr(sub, "_attn_implementation"):
-                    stack.append(sub)
-    return list(seen.values())

@@ -60,8 +60,9 @@ KernelFunction = Callable[
 # ----------------------------------------------------------------- the kernels
 
 
-def cpu_flash_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                        inputs: KernelInputs) -> KernelResult:
+def cpu_flash_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, inputs: KernelInputs
+) -> KernelResult:
     """PyTorch's CPU flash kernel (what ``scaled_dot_product_attention`` dispatches to on the CPU)."""
     import torch
 
@@ -71,8 +72,9 @@ def cpu_flash_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     return KernelResult(output.transpose(1, 2).contiguous(), lse)
 
 
-def cuda_flash_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                         inputs: KernelInputs) -> KernelResult:
+def cuda_flash_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, inputs: KernelInputs
+) -> KernelResult:
     """PyTorch's CUDA flash kernel: fp16/bf16, no mask; grouped-query keys are taken as they are."""
     import torch
 
@@ -85,8 +87,9 @@ def cuda_flash_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     return KernelResult(output.transpose(1, 2).contiguous(), lse[..., : query.shape[2]])
 
 
-def cuda_efficient_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                             inputs: KernelInputs) -> KernelResult:
+def cuda_efficient_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, inputs: KernelInputs
+) -> KernelResult:
     """PyTorch's memory-efficient CUDA kernel: any float dtype and an additive mask; keys repeated per group."""
     import torch
 
@@ -103,8 +106,9 @@ def cuda_efficient_attention(query: torch.Tensor, key: torch.Tensor, value: torc
     return KernelResult(output.transpose(1, 2).contiguous(), lse[..., : query.shape[2]])
 
 
-def flash_attn_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                         inputs: KernelInputs) -> KernelResult:
+def flash_attn_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, inputs: KernelInputs
+) -> KernelResult:
     """The flash-attn package: fp16/bf16, no mask; grouped-query keys natively.
 
     No window and no softcap: this stands in for the model's SDPA call, which applies a
@@ -115,8 +119,13 @@ def flash_attn_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     if mask is not None:
         raise ValueError("flash-attn takes no mask")
     output, lse, _ = flash_attn_func(
-        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), dropout_p=0.0,
-        softmax_scale=inputs.scale, causal=inputs.is_causal, return_attn_probs=True,
+        query.transpose(1, 2),
+        key.transpose(1, 2),
+        value.transpose(1, 2),
+        dropout_p=0.0,
+        softmax_scale=inputs.scale,
+        causal=inputs.is_causal,
+        return_attn_probs=True,
     )
     return KernelResult(output.contiguous(), lse)
 
@@ -159,8 +168,14 @@ class KernelChoice:
     reason: str = ""
 
 
-def choose_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                  base: str, flash_attn_available: bool | None = None) -> KernelChoice:
+def choose_kernel(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    base: str,
+    flash_attn_available: bool | None = None,
+) -> KernelChoice:
     """The kernel for one layer call, or why none applies (``function`` None)."""
     if base != "sdpa":
         return KernelChoice("", None, f"{base} attention returns no log-sum-exp")

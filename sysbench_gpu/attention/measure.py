@@ -222,7 +222,9 @@ def _manifest_fields(
         "plus the log-sum-exp over the span's keys, share = exp(LSE_span - LSE_all); fallback (eager attention, or no "
         "kernel with LSE): the model's own call, and each row's log-sum-exp recomputed over all keys in chunks; "
         "capture_paths says which ran at each layer",
-        "attn_logit_softcapping": None if not softcap else (
+        "attn_logit_softcapping": None
+        if not softcap
+        else (
             f"{softcap:g} in the config, not applied: the capture runs transformers' SDPA attention "
             f"(the model was loaded with {implementation}), which ignores it; the shares describe that attention"
             if implementation != "eager"

@@ -105,7 +105,9 @@ def draw_figures(
             if layer is None:
                 continue
             written += plot_token_shares(
-                series, int(layer), figure_dir / f"token_shares_{wanted}_{label}",
+                series,
+                int(layer),
+                figure_dir / f"token_shares_{wanted}_{label}",
                 title=f"{tables[0][0]}, session {wanted}, {layer_name(label, int(layer))}",
             )
     for path in written:

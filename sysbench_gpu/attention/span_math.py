@@ -29,58 +29,8 @@ from sysbench_gpu.core.errors import SysbenchError
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-DEFAULT_BUDGET_BYTES = 256 << 20
-MAX_Q_CHUNK = 1024
-MAX_K_CHUNK = 4096
-# Live fp32 blocks of size heads x q_chunk x k_chunk at the peak (scores, updated in place, plus
-# temporaries such as a broadcast mask or a span slice reduction): budget three.
-_LIVE_BLOCKS = 3
-# CPU plans: one fp32 score block of about this size, keys in chunks of at most this many.
-CPU_BLOCK_BYTES = 1 << 20
-CPU_MAX_K_CHUNK = 1024
-
 
 # ----------------------------------------------------------------- chunk planning
-
-
-@dataclass(frozen=True)
-class ChunkPlan:
-    q_chunk: int
-    k_chunk: int
-
-    def peak_bytes(self, batch: int, heads: int) -> int:
-        return _LIVE_BLOCKS * 4 * batch * heads * self.q_chunk * self.k_chunk
-
-
-def plan_chunks(
-    batch: int,
-    heads: int,
-    t_q: int,
-    t_k: int,
-    budget_bytes: int = DEFAULT_BUDGET_BYTES,
-    chunk_tokens: int | None = None,
-    device_type: str = "cuda",
-) -> ChunkPlan:
-    """Chunk lengths for queries and keys.
-
-    ``chunk_tokens`` fixes both; otherwise keys go in chunks of up to 4096 and the
-    query chunk is the largest (up to 1024) that keeps the fp32 score blocks within
-    ``budget_bytes``, so the blocks never grow with T beyond 1024 x 4096 per head.
-    On the CPU (``device_type="cpu"``) a block is also kept near ``CPU_BLOCK_BYTES``, with
-    keys in chunks of up to ``CPU_MAX_K_CHUNK``: each block is walked several times (the
-    matmul, shift, exp, masks, span sums), and a block the cache holds makes the span work
-    1.5-2x faster than one sized by the memory budget (``kernels_bench/bench_span_work.py``).
-    """
-    if chunk_tokens is not None:
-        if chunk_tokens < 1:
-            raise SysbenchError(f"--chunk-tokens must be positive, got {chunk_tokens}")
-        return ChunkPlan(q_chunk=min(chunk_tokens, max(t_q, 1)), k_chunk=min(chunk_tokens, max(t_k, 1)))
-    on_cpu = device_type == "cpu"
-    k_chunk = max(1, min(t_k, CPU_MAX_K_CHUNK if on_cpu else MAX_K_CHUNK))
-    budget = min(budget_bytes, _LIVE_BLOCKS * CPU_BLOCK_BYTES) if on_cpu else budget_bytes
-    per_query = _LIVE_BLOCKS * 4 * batch * heads * k_chunk
-    q_chunk = max(1, min(t_q, MAX_Q_CHUNK, budget // max(per_query, 1)))
-    return ChunkPlan(q_chunk=q_chunk, k_chunk=k_chunk)
 
 
 # ----------------------------------------------------------------- fp32 precision
@@ -155,8 +105,16 @@ def _query_rows(query: torch.Tensor, shape: _Shape, q0: int, q1: int) -> torch.T
     return grouped[:, :, :, q0:q1].float().reshape(shape.batch, shape.kv_heads, shape.group * (q1 - q0), shape.dim)
 
 
-def _scores(rows: torch.Tensor, key: torch.Tensor, k0: int, k1: int, scale: float, softcap: float | None,
-            shape: _Shape, chunk: int) -> torch.Tensor:
+def _scores(
+    rows: torch.Tensor,
+    key: torch.Tensor,
+    k0: int,
+    k1: int,
+    scale: float,
+    softcap: float | None,
+    shape: _Shape,
+    chunk: int,
+) -> torch.Tensor:
     """fp32 scores of the query rows against keys k0..k1, as a ``[B, KVH, G, C, K]`` view of one GEMM's output."""
     import torch
 
@@ -167,8 +125,17 @@ def _scores(rows: torch.Tensor, key: torch.Tensor, k0: int, k1: int, scale: floa
     return scores.view(shape.batch, shape.kv_heads, shape.group, chunk, k1 - k0)
 
 
-def _apply_visibility(scores: torch.Tensor, mask_view: torch.Tensor | None, q0: int, q1: int, k0: int, k1: int,
-                      shape: _Shape, causal: bool, sliding_window: int | None) -> None:
+def _apply_visibility(
+    scores: torch.Tensor,
+    mask_view: torch.Tensor | None,
+    q0: int,
+    q1: int,
+    k0: int,
+    k1: int,
+    shape: _Shape,
+    causal: bool,
+    sliding_window: int | None,
+) -> None:
     """Set invisible scores to -inf in place: the model's mask if given, else causal and window limits."""
     import torch
 
@@ -187,15 +154,19 @@ def _apply_visibility(scores: torch.Tensor, mask_view: torch.Tensor | None, q0: 
         device = scores.device
         q_pos = torch.arange(q0 + offset, q1 + offset, device=device)
         k_pos = torch.arange(k0, k1, device=device)
-        visible = (k_pos[None, :] <= q_pos[:, None] if causal
-                   else torch.ones(q1 - q0, k1 - k0, dtype=torch.bool, device=device))
+        visible = (
+            k_pos[None, :] <= q_pos[:, None]
+            if causal
+            else torch.ones(q1 - q0, k1 - k0, dtype=torch.bool, device=device)
+        )
         if crosses_window:
             visible = visible & ((q_pos[:, None] - k_pos[None, :]) < int(sliding_window))
         scores.masked_fill_(~visible, neg_inf)
 
 
-def _key_range(q0: int, q1: int, lo: int, hi: int, shape: _Shape, causal: bool, sliding_window: int | None,
-               has_mask: bool) -> tuple[int, int]:
+def _key_range(
+    q0: int, q1: int, lo: int, hi: int, shape: _Shape, causal: bool, sliding_window: int | None, has_mask: bool
+) -> tuple[int, int]:
     """Keys in [lo, hi) that queries q0..q1 may see (causal limit, window start); empty when start >= stop."""
     stop = min(hi, q1 + shape.offset) if causal else hi
     start = lo
@@ -259,8 +230,11 @@ def span_share_given_lse(
     q_chunk = shape.t_q if not q_chunk else max(1, int(q_chunk))
     k_chunk = (hi - lo) if not k_chunk else max(1, int(k_chunk))
     row_lse = lse_all.float().reshape(*lead, shape.t_q)
-    mask_view = (_grouped_mask(mask, shape.batch, shape.kv_heads, shape.group, shape.t_q, shape.t_k)
-                 if mask is not None else None)
+    mask_view = (
+        _grouped_mask(mask, shape.batch, shape.kv_heads, shape.group, shape.t_q, shape.t_k)
+        if mask is not None
+        else None
+    )
     with ieee_fp32_matmul():
         for q0 in range(0, shape.t_q, q_chunk):
             q1 = min(q0 + q_chunk, shape.t_q)
@@ -283,8 +257,19 @@ def span_share_given_lse(
     return out.reshape(shape.batch, shape.heads, shape.t_q, len(spans))
 
 
-def _exp_scores(rows: torch.Tensor, key: torch.Tensor, k0: int, k1: int, shift: torch.Tensor, softcap: float | None,
-                mask_view: torch.Tensor | None, q0: int, q1: int, shape: _Shape, causal: bool) -> torch.Tensor:
+def _exp_scores(
+    rows: torch.Tensor,
+    key: torch.Tensor,
+    k0: int,
+    k1: int,
+    shift: torch.Tensor,
+    softcap: float | None,
+    mask_view: torch.Tensor | None,
+    q0: int,
+    q1: int,
+    shape: _Shape,
+    causal: bool,
+) -> torch.Tensor:
     """``exp(score - LSE_all)`` of the (pre-scaled) query rows against keys k0..k1, invisible keys 0.
 
     Shape [B, KVH, G, C, K].
@@ -356,8 +341,11 @@ def span_share(
     device = query.device
     lead = (shape.batch, shape.kv_heads, shape.group)
     out = torch.zeros(*lead, shape.t_q, n_spans, dtype=torch.float32, device=device)
-    mask_view = (_grouped_mask(mask, shape.batch, shape.kv_heads, shape.group, shape.t_q, shape.t_k)
-                 if mask is not None else None)
+    mask_view = (
+        _grouped_mask(mask, shape.batch, shape.kv_heads, shape.group, shape.t_q, shape.t_k)
+        if mask is not None
+        else None
+    )
     with ieee_fp32_matmul():
         for q0 in range(0, shape.t_q, q_chunk):
             q1 = min(q0 + q_chunk, shape.t_q)

@@ -47,7 +47,7 @@ from sysbench_gpu.attention.measure import SPAN_NAMES, STAGE, measure_sessions, 
 from sysbench_gpu.attention.report import draw_figures, finish, print_summary
 from sysbench_gpu.attention.store import check_settings, load_session, read_manifest, session_path, skip_path
 from sysbench_gpu.attention.turn_table import merge_turn_table
-from sysbench_gpu.benchmarks.base import load_run_sessions
+from sysbench_gpu.benchmarks.registry import load_run_sessions
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.locks import stage_lock
 from sysbench_gpu.core.rundir import RunDir
@@ -168,8 +168,9 @@ def cmd_attention(args: argparse.Namespace) -> int:
     # Data-parallel ranks each write their own files (one lock per rank); under tensor parallel only rank 0 writes.
     writes = plan.splits_sessions or dist.rank == 0
     with stage_lock(out, STAGE if dist.world == 1 else f"{STAGE}.{dist.tag}", enabled=writes):
-        return _measure_and_finish(args, run, sessions, generations, replies, conditions, out, dist, plan, settings,
-                                   conversations)
+        return _measure_and_finish(
+            args, run, sessions, generations, replies, conditions, out, dist, plan, settings, conversations
+        )
 
 
 def _measure_and_finish(

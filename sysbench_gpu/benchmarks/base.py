@@ -1,13 +1,13 @@
-"""The Benchmark protocol, its registry, and loading data and run sessions through it.
+"""The Benchmark protocol: one class per benchmark, holding everything that differs between benchmarks.
 
 A benchmark is one folder under ``benchmarks/`` holding one :class:`Benchmark` subclass,
-registered with :func:`register_benchmark` when its module is imported (the built-in ones
-are imported by ``benchmarks/__init__.py``, the one place that lists them). A benchmark
+registered with ``registry.register_benchmark`` when its module is imported (the built-in
+ones are imported by ``benchmarks/__init__.py``, the one place that lists them). A benchmark
 owns everything that differs between benchmarks: reading and validating its data, the
 conversation of each turn under each history mode it supports, what judging a turn means
 and its prompt, scoring, metrics and tables, and how the explorer shows a turn. Shared
 stages call these methods and never compare a benchmark's name; runs of different
-benchmarks are refused together by :func:`one_benchmark`, here and nowhere else.
+benchmarks are refused together by ``registry.one_benchmark``, and nowhere else.
 
 A data file's benchmark is chosen by ``--benchmark NAME`` or, without it, by the first
 registered benchmark whose :meth:`Benchmark.claims` accepts the file's text. The
@@ -17,26 +17,19 @@ benchmark's name is stored in every session (``Session.benchmark``), so a run di
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import hashlib
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from importlib import resources
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from sysbench_gpu.benchmarks.explorer import ExploreLayout, TurnView
 from sysbench_gpu.benchmarks.judge_tasks import JudgePlan
-from sysbench_gpu.core import jsonio
 from sysbench_gpu.core.chat import ChatMessage
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.loaded_run import LoadedRun
-from sysbench_gpu.core.records import GenerationRecord, JudgmentRecord, set_scorers
-from sysbench_gpu.core.rundir import SESSIONS, RunDir
+from sysbench_gpu.core.records import GenerationRecord, JudgmentRecord
+from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.core.sessions import Dataset, Session
-
-DEMO_NAME = "demo"
 
 
 @dataclass(frozen=True)
@@ -99,8 +92,9 @@ class Benchmark:
         """Whether a data file's text is this benchmark's (used when no --benchmark is given)."""
         return False
 
-    def parse(self, text: str, source: Path, *, system_message: str | None = None,
-              task: str | None = None) -> list[Session]:
+    def parse(
+        self, text: str, source: Path, *, system_message: str | None = None, task: str | None = None
+    ) -> list[Session]:
         raise NotImplementedError
 
     def serialize(self, sessions: Sequence[Session]) -> bytes:
@@ -129,8 +123,10 @@ class Benchmark:
     def check_generation(self, history: str, distractor_turns: int) -> None:
         """Refuse a --history or ablation this benchmark does not support, in one line."""
         if history not in self.history_modes:
-            raise SysbenchError(f"--history {history} is not supported for {self.title or self.name} runs "
-                                f"(choose from {', '.join(self.history_modes)})")
+            raise SysbenchError(
+                f"--history {history} is not supported for {self.title or self.name} runs "
+                f"(choose from {', '.join(self.history_modes)})"
+            )
         if distractor_turns:
             raise SysbenchError(f"--distractor-turns is not supported for {self.title or self.name} runs")
 
@@ -138,8 +134,9 @@ class Benchmark:
         """Exchanges that distractor runs may draw from (none unless the benchmark has the ablation)."""
         return {}
 
-    def choose_distractors(self, pool: Mapping[int, Sequence[Any]], session: Session, count: int,
-                           seed: int) -> tuple[Any, ...]:
+    def choose_distractors(
+        self, pool: Mapping[int, Sequence[Any]], session: Session, count: int, seed: int
+    ) -> tuple[Any, ...]:
         """The ``count`` distractor exchanges ``session`` gets from ``pool`` under ``seed``."""
         return ()
 
@@ -149,8 +146,9 @@ class Benchmark:
             return {t.index: t.reference or "" for t in session.turns[: turn - 1]}
         return {index: replies[index] for index in range(1, turn) if index in replies}
 
-    def messages(self, session: Session, turn: int, history: str, replies: Mapping[int, str],
-                 distractors: Sequence[Any] = ()) -> list[ChatMessage]:
+    def messages(
+        self, session: Session, turn: int, history: str, replies: Mapping[int, str], distractors: Sequence[Any] = ()
+    ) -> list[ChatMessage]:
         """The conversation ``turn`` is generated from."""
         raise NotImplementedError
 
@@ -163,9 +161,16 @@ class Benchmark:
         """One line when the judge's template flags do not apply to this benchmark."""
         return None
 
-    def plan_judging(self, run: RunDir, sessions: Sequence[Session], generations: Mapping[Any, GenerationRecord],
-                     judged: set[tuple[int, int]], settings: Any, limit: int | None,
-                     system_ids: Any) -> JudgePlan:
+    def plan_judging(
+        self,
+        run: RunDir,
+        sessions: Sequence[Session],
+        generations: Mapping[Any, GenerationRecord],
+        judged: set[tuple[int, int]],
+        settings: Any,
+        limit: int | None,
+        system_ids: Any,
+    ) -> JudgePlan:
         """The judge stage's work on a run: tasks to ask, records made without asking.
 
         ``settings`` is the judge stage's ``JudgeSettings`` (None when no judge was named).
@@ -229,189 +234,15 @@ class Benchmark:
     def explore_layout(self, metrics: Mapping[str, Any] | None) -> ExploreLayout:
         """The explorer's layout, with one run's headline cells from its ``run_metrics`` (None: not scored)."""
         metrics = metrics or {}
-        return ExploreLayout(cells=(
-            {"label": "Sessions", "value": metrics.get("n_sessions"), "kind": "count"},
-            {"label": "Turns", "value": metrics.get("n_turns"), "kind": "count"},
-        ))
-
-
-@dataclass
-class BenchmarkRegistry:
-    """Benchmarks by name, in registration order (the order :meth:`detect` tries them)."""
-
-    _by_name: dict[str, Benchmark] = field(default_factory=dict)
-
-    def register(self, cls: type[Benchmark]) -> type[Benchmark]:
-        if not cls.name:
-            raise SysbenchError(f"benchmark class {cls.__name__} has no name")
-        existing = self._by_name.get(cls.name)
-        if existing is not None and type(existing) is not cls:
-            raise SysbenchError(f"benchmark {cls.name!r} is registered twice ({type(existing).__name__}, {cls.__name__})")
-        self._by_name[cls.name] = cls()
-        self._known_scorers()
-        return cls
-
-    def unregister(self, name: str) -> None:
-        self._by_name.pop(name, None)
-        self._known_scorers()
-
-    def _known_scorers(self) -> None:
-        """A judgments file may name the scorers of the registered benchmarks (``core.records.SCORERS``)."""
-        set_scorers(scorer for benchmark in self._by_name.values() for scorer in benchmark.scorers)
-
-    def names(self) -> tuple[str, ...]:
-        return tuple(self._by_name)
-
-    def all(self) -> tuple[Benchmark, ...]:
-        return tuple(self._by_name.values())
-
-    def get(self, name: str) -> Benchmark:
-        try:
-            return self._by_name[name]
-        except KeyError:
-            raise SysbenchError(f"unknown benchmark {name!r} (registered: {', '.join(self._by_name)})") from None
-
-    def detect(self, text: str, source: Path) -> Benchmark:
-        for benchmark in self.all():
-            if benchmark.claims(text):
-                return benchmark
-        kinds = "; ".join(f"{b.name}" for b in self._by_name.values())
-        raise SysbenchError(f"{source}: not a data file of any registered benchmark ({kinds}); "
-                            "pass --benchmark NAME to read it as one")
-
-
-#: The process's benchmarks: filled once at import by ``register_benchmark`` decorators.
-REGISTRY = BenchmarkRegistry()
-
-
-def register_benchmark(cls: type[Benchmark]) -> type[Benchmark]:
-    """Class decorator: make ``cls`` selectable by its ``name`` (``--benchmark NAME``) and by content."""
-    return REGISTRY.register(cls)
-
-
-@contextlib.contextmanager
-def registered(cls: type[Benchmark]) -> Iterator[Benchmark]:
-    """Register ``cls`` for the duration of a block (tests, plug-ins tried out), then remove it."""
-    REGISTRY.register(cls)
-    try:
-        yield REGISTRY.get(cls.name)
-    finally:
-        REGISTRY.unregister(cls.name)
-
-
-def get_benchmark(name: str) -> Benchmark:
-    return REGISTRY.get(name)
-
-
-def benchmark_names() -> tuple[str, ...]:
-    return REGISTRY.names()
-
-
-def benchmark_of(sessions: Sequence[Session]) -> Benchmark:
-    """The benchmark of a run's sessions (every session of a run belongs to one)."""
-    names = {session.benchmark for session in sessions}
-    if len(names) > 1:
-        raise SysbenchError(f"sessions of several benchmarks together: {', '.join(sorted(names))}")
-    return REGISTRY.get(names.pop() if names else REGISTRY.names()[0])
-
-
-def one_benchmark(labelled: Sequence[tuple[str, Benchmark]], verb: str) -> Benchmark:
-    """The one benchmark of runs given together; runs of different benchmarks are refused here, in one line."""
-    first_label, first = labelled[0]
-    for label, benchmark in labelled[1:]:
-        if benchmark.name != first.name:
-            raise SysbenchError(
-                f"{verb}: cannot {verb} {first.title or first.name} runs with {benchmark.title or benchmark.name} "
-                f"runs ({label} is one; {first_label} is not); give runs of one benchmark at a time"
+        return ExploreLayout(
+            cells=(
+                {"label": "Sessions", "value": metrics.get("n_sessions"), "kind": "count"},
+                {"label": "Turns", "value": metrics.get("n_turns"), "kind": "count"},
             )
-    return first
+        )
 
 
 # ------------------------------------------------------------------ data files
 
 
-def demo_data_path() -> Path:
-    """The packaged demo set: 5 English sessions in upstream's schema, written for this project."""
-    return Path(str(resources.files("sysbench_gpu").joinpath("demo", "demo_sessions.json")))
-
-
-def resolve_data_path(path: str | Path) -> Path:
-    """Accept a data file or a directory holding one (a benchmark's file name, ``sessions.json`` or a lone ``*.json``).
-
-    The name ``demo`` (when no such file or folder exists) is the small English demo set
-    packaged with sysbench-gpu.
-    """
-    if str(path) == DEMO_NAME and not Path(path).exists():
-        return demo_data_path()
-    path = Path(path)
-    if path.is_dir():
-        known = [name for benchmark in REGISTRY.all() for name in benchmark.data_filenames]
-        for name in (*known, SESSIONS):
-            if (path / name).is_file():
-                return path / name
-        candidates = sorted(path.glob("*.json"))
-        if len(candidates) == 1:
-            return candidates[0]
-        raise SysbenchError(
-            f"{path}: directory holds no {' or '.join((*known, SESSIONS))}"
-            + (f" and {len(candidates)} other .json files" if candidates else "")
-        )
-    if not path.exists():
-        raise SysbenchError(f"{path}: no such data file (download it with `sysbench-gpu data download`)")
-    return path
-
-
-def load_dataset(path: str | Path, *, system_message: str | None = None, task: str | None = None,
-                 benchmark: str | None = None) -> Dataset:
-    """Load and validate a data file of ``benchmark`` (by default: the benchmark whose format it is).
-
-    ``system_message`` and ``task`` are options of benchmarks that take them (MT-Eval);
-    the others refuse them in one line.
-    """
-    resolved = resolve_data_path(path)
-    raw_bytes = resolved.read_bytes()
-    text = jsonio.decode_utf8(raw_bytes, resolved)
-    sha256 = hashlib.sha256(raw_bytes).hexdigest()
-    chosen = REGISTRY.get(benchmark) if benchmark else REGISTRY.detect(text, resolved)
-    sessions = tuple(chosen.parse(text, resolved, system_message=system_message, task=task))
-    dataset = Dataset(path=resolved, sha256=sha256, sessions=sessions)
-    return dataclasses.replace(dataset, is_official=chosen.is_official(dataset))
-
-
-def dataset_benchmark(dataset: Dataset) -> Benchmark:
-    return benchmark_of(dataset.sessions)
-
-
 # ------------------------------------------------------------------ run directories
-
-
-def save_run_sessions(run: RunDir, sessions: Sequence[Session], dataset: Dataset | None = None) -> None:
-    """Snapshot the sessions into the run's ``sessions.json`` in their benchmark's own schema; record the dataset."""
-    sessions = list(sessions)
-    benchmark = benchmark_of(sessions)
-    run.write_sessions_bytes(benchmark.serialize(sessions))
-    if dataset is not None:
-        run.update_manifest(
-            dataset={
-                "path": str(dataset.path),
-                "sha256": dataset.sha256,
-                "official": dataset.is_official,
-                "n_sessions": len(sessions),
-            }
-        )
-
-
-def load_run_sessions(run: RunDir) -> list[Session]:
-    """The sessions of a run directory, read back by their benchmark."""
-    if not run.sessions_path.exists():
-        raise SysbenchError(f"{run.path}: no {SESSIONS} (run generate or import-upstream first)")
-    return list(load_dataset(run.sessions_path).sessions)
-
-
-def run_benchmark(run: RunDir | str | Path) -> Benchmark:
-    """The benchmark of a run directory; one without sessions yet is the default benchmark's to describe."""
-    run = run if isinstance(run, RunDir) else RunDir(run)
-    run.require()
-    if not run.sessions_path.is_file():
-        return REGISTRY.all()[0]
-    return benchmark_of(load_run_sessions(run))

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping, Protocol
+from typing import Any, Protocol
 
 from sysbench_gpu.core.chat import ChatMessage
 from sysbench_gpu.core.records import GenerationRecord, JudgmentRecord, Verdict
@@ -94,7 +95,9 @@ class JudgePlan:
 
 @dataclass
 class PendingTurns:
-    """Sorts turns into judged already, not generated, or generated (yielded with their record), counting the first two."""
+    """Sorts turns into judged already, not generated, or generated (yielded with their record), counting the first
+    two.
+    """
 
     judged: set[tuple[int, int]]
     generations: Mapping[tuple[int, int], GenerationRecord]

@@ -1,13 +1,14 @@
-"""Judge prompts and replies as text, shared by every benchmark's judge: templates with named fields, the conversation shown, and JSON objects found and repaired in a reply without ever evaluating it."""
+"""Judge prompts and replies as text, shared by every benchmark's judge: templates with named fields, the conversation
+shown, and JSON objects found and repaired in a reply without ever evaluating it.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from sysbench_gpu.core.errors import SysbenchError
 
@@ -39,9 +40,7 @@ def template_fields(text: str, source: str = "<template>") -> list[str]:
             continue
         if match.group(1) is None:
             line = text.count("\n", 0, match.start()) + 1
-            raise SysbenchError(
-                f"{source}: line {line}: single {token!r}; write {token * 2!r} for a literal brace"
-            )
+            raise SysbenchError(f"{source}: line {line}: single {token!r}; write {token * 2!r} for a literal brace")
         name = match.group(1).strip()
         if not _NAME.match(name):
             line = text.count("\n", 0, match.start()) + 1

@@ -4,22 +4,16 @@ and the run-level metrics and comparison, each answered by the run's benchmark."
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from sysbench_gpu.benchmarks.base import (
-    get_benchmark,
-    load_run_sessions,
-    one_benchmark,
-)
+from sysbench_gpu.benchmarks.registry import get_benchmark, load_run_sessions, one_benchmark
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.loaded_run import LoadedRun
 from sysbench_gpu.core.rundir import RunDir
 
 Key = tuple[int, int]
-
-
-
 
 
 def load_run(run_dir: str | Path) -> LoadedRun:
@@ -61,8 +55,6 @@ def _label_and_model(manifest: Mapping[str, Any], generations: Any, path: Path) 
     return str(label), (str(model) if model is not None else None)
 
 
-
-
 def run_metrics(
     run_dir: str | Path,
     *,
@@ -77,8 +69,14 @@ def run_metrics(
     SysBench: CSR / ISR / SSR; MT-Eval: 0-10 scores per task, category, answered turn and
     overall; the same partial-run rules for every benchmark.
     """
-    return metrics_of(load_run(run_dir), allow_partial=allow_partial, exclude_unparsed=exclude_unparsed,
-                      exclude_skipped=exclude_skipped, resamples=resamples, seed=seed)
+    return metrics_of(
+        load_run(run_dir),
+        allow_partial=allow_partial,
+        exclude_unparsed=exclude_unparsed,
+        exclude_skipped=exclude_skipped,
+        resamples=resamples,
+        seed=seed,
+    )
 
 
 def metrics_of(loaded: LoadedRun, **options: Any) -> dict[str, Any]:
@@ -89,8 +87,9 @@ def metrics_of(loaded: LoadedRun, **options: Any) -> dict[str, Any]:
         raise SysbenchError(f"{loaded.path}: {error}") from None
 
 
-def compare_loaded(runs: list[LoadedRun], *, resamples: int = 1000, seed: int = 0,
-                   allow_partial: bool = False) -> dict[str, Any]:
+def compare_loaded(
+    runs: list[LoadedRun], *, resamples: int = 1000, seed: int = 0, allow_partial: bool = False
+) -> dict[str, Any]:
     """Each later run against the first, paired by session where they share them, by their one benchmark."""
     benchmark = one_benchmark([(str(run.path), get_benchmark(run.benchmark)) for run in runs], "compare")
     if len(runs) > 2 and not benchmark.compares_many:
@@ -105,5 +104,6 @@ def compare_runs(
 
     Both runs must be finished (every turn generated and judged) unless ``allow_partial``.
     """
-    return compare_loaded([load_run(run_a), load_run(run_b)], resamples=resamples, seed=seed,
-                          allow_partial=allow_partial)
+    return compare_loaded(
+        [load_run(run_a), load_run(run_b)], resamples=resamples, seed=seed, allow_partial=allow_partial
+    )

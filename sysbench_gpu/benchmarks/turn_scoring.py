@@ -1,10 +1,12 @@
-"""What every benchmark's metrics share: which turns are scored (finished, missing, unparsed, skipped), per-session sufficient statistics, and naming turns in errors."""
+"""What every benchmark's metrics share: which turns are scored (finished, missing, unparsed, skipped), per-session
+sufficient statistics, and naming turns in errors.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -111,7 +113,8 @@ def split_turns(
     if skipped and not exclude_skipped:
         raise SysbenchError(
             f"{len(skipped)} turn(s) were skipped at generation (no reply, e.g. over-length): {name_keys(skipped)}; "
-            "regenerate with --on-overflow truncate-history, or pass --exclude-skipped to leave them out (they are counted)"
+            "regenerate with --on-overflow truncate-history, or pass --exclude-skipped to leave them out (they are "
+            "counted)"
         )
     counts["ungenerated"] = len(ungenerated)
     counts["missing"] = len(missing)

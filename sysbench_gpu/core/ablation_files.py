@@ -1,10 +1,13 @@
-"""A run's history ablation as files: the manifest fields that name it, and the distractor exchanges each session got (distractors.json)."""
+"""A run's history ablation as files: the manifest fields that name it, and the distractor exchanges each session got
+(distractors.json).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from sysbench_gpu.core.chat import ChatMessage
 from sysbench_gpu.core.errors import SysbenchError
@@ -35,7 +38,9 @@ class Exchange:
         return [{"role": "user", "content": self.user}, {"role": "assistant", "content": self.reply}]
 
 
-def ablation_settings(history: str, distractor_turns: int = 0, distractor_seed: int = DEFAULT_DISTRACTOR_SEED) -> dict[str, Any]:
+def ablation_settings(
+    history: str, distractor_turns: int = 0, distractor_seed: int = DEFAULT_DISTRACTOR_SEED
+) -> dict[str, Any]:
     """The manifest fields that describe a run's ablation (``distractor_seed`` only with distractors)."""
     if distractor_turns < 0:
         raise SysbenchError(f"--distractor-turns must be 0 or more, got {distractor_turns}")
@@ -94,8 +99,12 @@ def read_distractors(path: Path) -> tuple[int, dict[int, tuple[Exchange, ...]]]:
         exchanges = []
         for position, item in enumerate(items):
             fields = {"system_id": int, "turn": int, "user": str, "reply": str}
-            if not isinstance(item, dict) or set(item) != set(fields) or any(
-                isinstance(item[name], bool) or not isinstance(item[name], kind) for name, kind in fields.items()
+            if (
+                not isinstance(item, dict)
+                or set(item) != set(fields)
+                or any(
+                    isinstance(item[name], bool) or not isinstance(item[name], kind) for name, kind in fields.items()
+                )
             ):
                 raise SysbenchError(
                     f"{path}: field 'sessions.{key}[{position}]' should be an object with system_id, turn, user, reply"

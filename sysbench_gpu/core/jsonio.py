@@ -31,7 +31,8 @@ def decode_utf8(data: bytes, source: object) -> str:
     except UnicodeDecodeError as error:
         if error.reason == "unexpected end of data":
             raise JsonReadError(
-                f"{source}: not valid JSON: it ends inside a character at byte {error.start} (the file looks truncated)",
+                f"{source}: not valid JSON: it ends inside a character at byte {error.start} (the file looks "
+                "truncated)",
                 truncated=True,
             ) from None
         raise JsonReadError(f"{source}: not UTF-8 text ({error.reason} at byte {error.start})") from None
@@ -50,7 +51,9 @@ def loads(data: bytes | str, source: object, **options: Any) -> Any:
             truncated=truncated,
         ) from None
     except RecursionError:
-        raise JsonReadError(f"{source}: JSON nested too deeply to read (a file of this kind never nests so deep)") from None
+        raise JsonReadError(
+            f"{source}: JSON nested too deeply to read (a file of this kind never nests so deep)"
+        ) from None
 
 
 def read_json(path: str | Path, expect: type | None = None, what: str = "") -> Any:

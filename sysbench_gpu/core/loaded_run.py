@@ -28,4 +28,3 @@ class LoadedRun:
     def benchmark(self) -> str:
         """The name of the benchmark the run's sessions belong to."""
         return self.sessions[0].benchmark if self.sessions else ""
-

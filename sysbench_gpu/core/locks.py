@@ -18,16 +18,17 @@ locks: pass ``enabled=is_primary_rank(...)``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
 import os
 import socket
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator, Mapping
 
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.jsonl import same_file
@@ -102,7 +103,7 @@ class StageLock:
         self.path = Path(lock_file) if lock_file is not None else lock_path(self.directory, stage)
         self._fd: int | None = None
 
-    def acquire(self) -> "StageLock":
+    def acquire(self) -> StageLock:
         try:
             import fcntl
         except ImportError:  # not POSIX: one writer per directory is then the user's rule
@@ -123,8 +124,12 @@ class StageLock:
                 continue
             stale = _read_holder(fd)
             if stale is not None and stale.pid != os.getpid():
-                log.info("taking over the %s lock of %s left by %s (that process is gone)",
-                         self.stage, self.directory, stale.describe())
+                log.info(
+                    "taking over the %s lock of %s left by %s (that process is gone)",
+                    self.stage,
+                    self.directory,
+                    stale.describe(),
+                )
             self._fd = fd
             _write_holder(fd, self.stage)
             return self
@@ -134,11 +139,9 @@ class StageLock:
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
-        try:
-            # Unlink while still holding it; a process that opened the old file sees it gone and re-opens.
+        # Unlink while still holding it; a process that opened the old file sees it gone and re-opens.
+        with contextlib.suppress(OSError):
             self.path.unlink()
-        except OSError:
-            pass
         os.close(fd)
 
     def _open(self) -> int:
@@ -147,7 +150,7 @@ class StageLock:
         except OSError as error:
             raise SysbenchError(f"{self.path.parent}: cannot write into this directory ({_reason(error)})") from None
 
-    def __enter__(self) -> "StageLock":
+    def __enter__(self) -> StageLock:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:
@@ -184,6 +187,8 @@ def _read_holder(fd: int) -> LockHolder | None:
     try:
         data = os.pread(fd, 4096, 0)
         obj = json.loads(data.decode("utf-8"))
-        return LockHolder(pid=int(obj["pid"]), host=str(obj["host"]), started=str(obj["started"]), stage=str(obj["stage"]))
+        return LockHolder(
+            pid=int(obj["pid"]), host=str(obj["host"]), started=str(obj["started"]), stage=str(obj["stage"])
+        )
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None  # empty (a holder between lock and write) or not ours: only the name is lost

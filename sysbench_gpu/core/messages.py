@@ -8,7 +8,7 @@ applies ``--on-overflow`` to any such list (docs/generation.md, "Over-length tur
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from sysbench_gpu.core.chat import ChatMessage
 from sysbench_gpu.core.errors import SysbenchError
@@ -81,6 +81,9 @@ def fit_to_context(
         tokens = count_tokens(final)
         if tokens is None or tokens + reserve <= context_length:
             return final, tokens, f"truncated-history:{dropped}", None
-    return final, tokens, "skipped", (
-        f"prompt of {tokens} + {reserve} tokens exceeds context {context_length} even without history"
+    return (
+        final,
+        tokens,
+        "skipped",
+        (f"prompt of {tokens} + {reserve} tokens exceeds context {context_length} even without history"),
     )

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from sysbench_gpu.core.errors import SysbenchError
 
@@ -81,6 +82,7 @@ def _panel_grid(plt: Any, n: int, width: float = 4.4, height: float = 3.4, max_c
     for ax in flat[n:]:
         ax.set_visible(False)
     return fig, flat[:n]
+
 
 FIGURE_FORMATS = ("png", "pdf", "svg")
 

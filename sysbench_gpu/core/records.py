@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar
 
 from sysbench_gpu.core.jsonio import json_type
 
@@ -208,7 +209,9 @@ def _verdict_from_dict(number: str, obj: Any) -> Verdict:
         except _FieldError as error:
             raise _FieldError(f"verdicts.{number}.{name}", str(error)) from None
     if values["value"] not in VERDICT_VALUES:
-        raise _FieldError(f"verdicts.{number}.value", f"is {values['value']!r}, expected one of {', '.join(VERDICT_VALUES)}")
+        raise _FieldError(
+            f"verdicts.{number}.value", f"is {values['value']!r}, expected one of {', '.join(VERDICT_VALUES)}"
+        )
     return Verdict(**values)
 
 
@@ -228,7 +231,9 @@ def _judgment_from_dict(obj: Any) -> JudgmentRecord:
         if scorer is None:
             raise _FieldError("scorer", "is missing: a record with a score names its scorer")
         if parse_status != "ok":
-            raise _FieldError("score", f"is {score:g} but parse_status is {parse_status!r}: only an ok record has a score")
+            raise _FieldError(
+                "score", f"is {score:g} but parse_status is {parse_status!r}: only an ok record has a score"
+            )
         if verdicts:
             raise _FieldError("verdicts", "should be empty on a record with a score")
     elif scorer is not None and parse_status == "ok":

@@ -26,7 +26,8 @@ import logging
 import os
 import re
 import threading
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 REDACTED = "[REDACTED]"

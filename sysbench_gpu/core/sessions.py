@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hashlib
 from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from sysbench_gpu.core.errors import SysbenchError
 
@@ -101,7 +102,7 @@ class Dataset:
 
 def select_sessions(
     sessions: Sequence[Session],
-    system_ids: "SessionIds | Iterable[int] | None" = None,
+    system_ids: SessionIds | Iterable[int] | None = None,
     limit: int | None = None,
     source: Path | str = "<data>",
 ) -> list[Session]:
@@ -133,7 +134,7 @@ class SessionIds:
     ranges: tuple[tuple[int, int], ...]
 
     @classmethod
-    def of(cls, ids: Iterable[int]) -> "SessionIds":
+    def of(cls, ids: Iterable[int]) -> SessionIds:
         return cls(tuple((i, i) for i in ids))
 
     def __contains__(self, system_id: object) -> bool:

@@ -11,12 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from sysbench_gpu.benchmarks.base import (
-    benchmark_names,
-    dataset_benchmark,
-    get_benchmark,
-    load_dataset,
-)
+from sysbench_gpu.benchmarks.registry import benchmark_names, dataset_benchmark, get_benchmark, load_dataset
 
 # ---------------------------------------------------------------- CLI
 
@@ -31,7 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     names = benchmark_names()
     download.add_argument("--benchmark", choices=names, default=names[0])
     download.add_argument("--out", default="data", help="directory or file path (default: ./data)")
-    download.add_argument("--url", help="SysBench: mirror URL (default: the pinned official one); the checksum is still enforced")
+    download.add_argument(
+        "--url", help="SysBench: mirror URL (default: the pinned official one); the checksum is still enforced"
+    )
     download.add_argument("--tasks", help="MT-Eval: comma-separated configs, e.g. refinement_multi (default: all)")
     download.add_argument("--revision", help="MT-Eval: dataset revision on the hub (default: main)")
     download.set_defaults(func=_cmd_download)
@@ -45,7 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     validate = data_sub.add_parser("validate", help="validate a data file and say whether it is the official one")
     validate.add_argument("file", help="data file or directory")
-    validate.add_argument("--benchmark", choices=names, help="read the file as this benchmark's (default: by its format)")
+    validate.add_argument(
+        "--benchmark", choices=names, help="read the file as this benchmark's (default: by its format)"
+    )
     validate.set_defaults(func=_cmd_validate)
     data.set_defaults(func=lambda args: data.print_help() or 2)
 

@@ -74,8 +74,7 @@ class Engine(Protocol):
         """Engine settings for the manifest (no secrets)."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 def chat_sessions(

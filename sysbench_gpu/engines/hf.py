@@ -26,8 +26,17 @@ from sysbench_gpu.engines.startup import startup_failure
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 512
-_DTYPES = {"auto": None, "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
-           "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}
+_DTYPES = {
+    "auto": None,
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+}
 
 
 class HFEngine:
@@ -74,8 +83,19 @@ class HFEngine:
                 hf_model.to(device)
         except Exception as error:  # noqa: BLE001 (any load failure becomes one line)
             raise startup_failure(f"hf engine could not load model {model!r}", error) from None
-        self._adopt(model, path, hf_model, tokenizer, device=device, dtype_name=dtype_name, batch_size=batch_size,
-                    device_map=device_map, seed=seed, ignore_eos=ignore_eos, default_max_tokens=default_max_tokens)
+        self._adopt(
+            model,
+            path,
+            hf_model,
+            tokenizer,
+            device=device,
+            dtype_name=dtype_name,
+            batch_size=batch_size,
+            device_map=device_map,
+            seed=seed,
+            ignore_eos=ignore_eos,
+            default_max_tokens=default_max_tokens,
+        )
 
     @classmethod
     def from_model(
@@ -95,13 +115,36 @@ class HFEngine:
         engine = cls.__new__(cls)
         device = str(next(hf_model.parameters()).device)
         dtype_name = str(next(hf_model.parameters()).dtype).replace("torch.", "")
-        engine._adopt(name, name, hf_model, tokenizer, device=device, dtype_name=dtype_name, batch_size=batch_size,
-                      device_map=None, seed=seed, ignore_eos=ignore_eos, default_max_tokens=default_max_tokens)
+        engine._adopt(
+            name,
+            name,
+            hf_model,
+            tokenizer,
+            device=device,
+            dtype_name=dtype_name,
+            batch_size=batch_size,
+            device_map=None,
+            seed=seed,
+            ignore_eos=ignore_eos,
+            default_max_tokens=default_max_tokens,
+        )
         return engine
 
-    def _adopt(self, model: str, path: str, hf_model: Any, tokenizer: Any, *, device: str, dtype_name: str,
-               batch_size: int, device_map: str | None, seed: int | None, ignore_eos: bool,
-               default_max_tokens: int) -> None:
+    def _adopt(
+        self,
+        model: str,
+        path: str,
+        hf_model: Any,
+        tokenizer: Any,
+        *,
+        device: str,
+        dtype_name: str,
+        batch_size: int,
+        device_map: str | None,
+        seed: int | None,
+        ignore_eos: bool,
+        default_max_tokens: int,
+    ) -> None:
         self.model = model
         self.path = path
         self.batch_size = batch_size

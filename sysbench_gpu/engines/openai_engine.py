@@ -100,9 +100,7 @@ class OpenAIEngine:
                 )
             api_key = PLACEHOLDER_KEY
         self._openai = openai
-        self._client = openai.OpenAI(
-            api_key=api_key, base_url=self.base_url, max_retries=0, timeout=timeout
-        )
+        self._client = openai.OpenAI(api_key=api_key, base_url=self.base_url, max_retries=0, timeout=timeout)
 
     # --- Engine protocol -------------------------------------------------
 
@@ -119,12 +117,12 @@ class OpenAIEngine:
         cancelled and a :class:`SysbenchError` naming it is raised.
         """
         if request_ids is not None and len(request_ids) != len(conversations):
-            raise SysbenchError(
-                f"openai engine: {len(request_ids)} request ids for {len(conversations)} conversations"
-            )
-        labels = list(request_ids) if request_ids is not None else [
-            f"request {i + 1} of {len(conversations)}" for i in range(len(conversations))
-        ]
+            raise SysbenchError(f"openai engine: {len(request_ids)} request ids for {len(conversations)} conversations")
+        labels = (
+            list(request_ids)
+            if request_ids is not None
+            else [f"request {i + 1} of {len(conversations)}" for i in range(len(conversations))]
+        )
         if not conversations:
             return []
         results: list[Completion | None] = [None] * len(conversations)

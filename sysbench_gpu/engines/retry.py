@@ -96,8 +96,7 @@ class RetriesExhausted(SysbenchError):
         self.last_error = last_error
         self.reasons = reasons
         super().__init__(
-            f"{label}: gave up after {attempts} attempts ({', '.join(reasons)}); "
-            f"last error: {_error_text(last_error)}"
+            f"{label}: gave up after {attempts} attempts ({', '.join(reasons)}); last error: {_error_text(last_error)}"
         )
 
 
@@ -177,7 +176,11 @@ def call_with_retries(
             delay = policy.delay_s(len(reasons), verdict.retry_after_s, rng)
             log.warning(
                 "%s: %s (attempt %d of %d); retrying in %.2f s",
-                label, verdict.reason, attempt, policy.max_retries + 1, delay,
+                label,
+                verdict.reason,
+                attempt,
+                policy.max_retries + 1,
+                delay,
             )
             clock.sleep(delay)
             continue

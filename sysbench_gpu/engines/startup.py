@@ -26,34 +26,52 @@ log = logging.getLogger(__name__)
 # "ValueError: ...", "torch.OutOfMemoryError: ...", "safetensors_rust.SafetensorError: ..."
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)): (.+)$")
 # vLLM's log prefixes: "(EngineCore pid=12) " and "ERROR 11-22 14:49:45 [core.py:1510] ".
-_VLLM_PREFIX = re.compile(r"^(?:\([\w.:-]+ pid=\d+\)\s*)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d "
-                          r"\d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\]\s?)?")
+_VLLM_PREFIX = re.compile(
+    r"^(?:\([\w.:-]+ pid=\d+\)\s*)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d "
+    r"\d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\]\s?)?"
+)
 # Wrappers that only point elsewhere: never the root cause.
-_WRAPPERS = ("Engine core initialization failed", "See root cause above", "See stack trace for root cause",
-             "Worker failed with error", "WorkerProc initialization failed", "Frontend process failed")
+_WRAPPERS = (
+    "Engine core initialization failed",
+    "See root cause above",
+    "See stack trace for root cause",
+    "Worker failed with error",
+    "WorkerProc initialization failed",
+    "Frontend process failed",
+)
 # (pattern in the root cause, what to change); first match wins.
 HINTS: tuple[tuple[str, str], ...] = (
-    (r"Available memory on node|desired CPU memory utilization|requested memory for kv",
-     "free memory held by other processes, or size the CPU KV cache yourself: VLLM_CPU_KVCACHE_SPACE=<GiB> "
-     "(or --gpu-memory-utilization, a fraction of the NUMA node's memory on the CPU build)"),
-    (r"max seq len|max_model_len|larger than the maximum number of tokens|KV cache is needed",
-     "lower --max-model-len, or give the KV cache more memory "
-     "(--gpu-memory-utilization; VLLM_CPU_KVCACHE_SPACE on CPU)"),
-    (r"out of memory|OutOfMemory|No available memory for the cache blocks|Insufficient memory|Cannot allocate memory",
-     "lower --max-model-len or --gpu-memory-utilization, raise --tensor-parallel-size, or free the device"),
-    (r"Address already in use|EADDRINUSE|Could not find open port",
-     "export a different VLLM_PORT (each data-parallel replica scans upward from its own range)"),
-    (r"No CUDA GPUs|CUDA driver|no NVIDIA driver|CUDA_VISIBLE_DEVICES|invalid device ordinal",
-     "check CUDA_VISIBLE_DEVICES and nvidia-smi, or use a CPU build"),
-    (r"No module named",
-     "install the missing package (pip install 'sysbench-gpu[gpu]' or '[cpu]')"),
-    (r"couldn't connect to 'https://huggingface.co'|not a valid model identifier|Repository Not Found|"
-     r"401 Client Error|gated repo",
-     "give a local model folder, or a hub id that is in the Hugging Face cache (HF_HOME) or downloadable"),
-    (r"safetensors|SafetensorError|deserializing header",
-     "download or convert the model again"),
-    (r"not supported|Unsupported|unsupported",
-     "choose a supported model/dtype, or another engine (--engine hf)"),
+    (
+        r"Available memory on node|desired CPU memory utilization|requested memory for kv",
+        "free memory held by other processes, or size the CPU KV cache yourself: VLLM_CPU_KVCACHE_SPACE=<GiB> "
+        "(or --gpu-memory-utilization, a fraction of the NUMA node's memory on the CPU build)",
+    ),
+    (
+        r"max seq len|max_model_len|larger than the maximum number of tokens|KV cache is needed",
+        "lower --max-model-len, or give the KV cache more memory "
+        "(--gpu-memory-utilization; VLLM_CPU_KVCACHE_SPACE on CPU)",
+    ),
+    (
+        r"out of memory|OutOfMemory|No available memory for the cache blocks|Insufficient memory|Cannot allocate "
+        r"memory",
+        "lower --max-model-len or --gpu-memory-utilization, raise --tensor-parallel-size, or free the device",
+    ),
+    (
+        r"Address already in use|EADDRINUSE|Could not find open port",
+        "export a different VLLM_PORT (each data-parallel replica scans upward from its own range)",
+    ),
+    (
+        r"No CUDA GPUs|CUDA driver|no NVIDIA driver|CUDA_VISIBLE_DEVICES|invalid device ordinal",
+        "check CUDA_VISIBLE_DEVICES and nvidia-smi, or use a CPU build",
+    ),
+    (r"No module named", "install the missing package (pip install 'sysbench-gpu[gpu]' or '[cpu]')"),
+    (
+        r"couldn't connect to 'https://huggingface.co'|not a valid model identifier|Repository Not Found|"
+        r"401 Client Error|gated repo",
+        "give a local model folder, or a hub id that is in the Hugging Face cache (HF_HOME) or downloadable",
+    ),
+    (r"safetensors|SafetensorError|deserializing header", "download or convert the model again"),
+    (r"not supported|Unsupported|unsupported", "choose a supported model/dtype, or another engine (--engine hf)"),
 )
 LOG_FILES_KEPT = 20
 

@@ -157,8 +157,11 @@ class LocalVLLM:
         if not logging.getLogger().isEnabledFor(logging.DEBUG):
             self.startup_log = _startup_log(Path(startup_log_dir) if startup_log_dir else cache_dir() / "logs")
         log.info(
-            "vllm %s: loading %s; memory: %s%s", getattr(vllm, "__version__", "?"), self.model_path,
-            self.memory.summary(), f"; vLLM's output goes to {self.startup_log}" if self.startup_log else "",
+            "vllm %s: loading %s; memory: %s%s",
+            getattr(vllm, "__version__", "?"),
+            self.model_path,
+            self.memory.summary(),
+            f"; vLLM's output goes to {self.startup_log}" if self.startup_log else "",
         )
         try:
             with capture_output(self.startup_log):

@@ -88,19 +88,28 @@ def plan_memory(
             return MemoryPlan("gpu", "kv_cache_memory_bytes", explicit, "KV cache size as given")
         if gpu_memory_utilization is not None:
             return MemoryPlan("gpu", "gpu_memory_utilization", explicit, "fraction of GPU memory as given")
-        return MemoryPlan("gpu", "default", {"gpu_memory_utilization": GPU_DEFAULT_UTILIZATION},
-                          "vLLM's usual share of each GPU")
+        return MemoryPlan(
+            "gpu", "default", {"gpu_memory_utilization": GPU_DEFAULT_UTILIZATION}, "vLLM's usual share of each GPU"
+        )
     space = environ.get("VLLM_CPU_KVCACHE_SPACE", "")
     if space != "":
         # vLLM's CPU platform turns it into kv_cache_memory_bytes and it wins over ours.
-        return MemoryPlan("cpu", "VLLM_CPU_KVCACHE_SPACE", explicit,
-                          f"VLLM_CPU_KVCACHE_SPACE={space} GiB of KV cache, set in the environment",
-                          {"VLLM_CPU_KVCACHE_SPACE": space})
+        return MemoryPlan(
+            "cpu",
+            "VLLM_CPU_KVCACHE_SPACE",
+            explicit,
+            f"VLLM_CPU_KVCACHE_SPACE={space} GiB of KV cache, set in the environment",
+            {"VLLM_CPU_KVCACHE_SPACE": space},
+        )
     if kv_cache_memory_bytes is not None:
         return MemoryPlan("cpu", "kv_cache_memory_bytes", explicit, "KV cache size as given")
     if gpu_memory_utilization is not None:
-        return MemoryPlan("cpu", "gpu_memory_utilization", explicit,
-                          "fraction of the NUMA node's total memory as given (vLLM's CPU meaning of the flag)")
+        return MemoryPlan(
+            "cpu",
+            "gpu_memory_utilization",
+            explicit,
+            "fraction of the NUMA node's total memory as given (vLLM's CPU meaning of the flag)",
+        )
     node = node or read_node_memory()
     spare = node.available_bytes - replicas * (weights_bytes + CPU_RESERVE_BYTES)
     kv = int(min(max(CPU_KV_FRACTION * spare / replicas, CPU_KV_MIN_BYTES), CPU_KV_MAX_BYTES)) // MIB * MIB
@@ -112,9 +121,13 @@ def plan_memory(
         f"{_gib(CPU_KV_MAX_BYTES)}] GiB; a fixed fraction of the node's total fails when other processes "
         "hold memory"
     )
-    facts = {"numa_node": node.node, "node_total_gib": _gib(node.total_bytes),
-             "node_available_gib": _gib(node.available_bytes), "weights_gib": _gib(weights_bytes),
-             "kv_cache_gib": _gib(kv)}
+    facts = {
+        "numa_node": node.node,
+        "node_total_gib": _gib(node.total_bytes),
+        "node_available_gib": _gib(node.available_bytes),
+        "weights_gib": _gib(weights_bytes),
+        "kv_cache_gib": _gib(kv),
+    }
     return MemoryPlan("cpu", "auto", {"kv_cache_memory_bytes": kv}, why, facts)
 
 

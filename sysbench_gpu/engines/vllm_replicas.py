@@ -185,8 +185,10 @@ class ReplicaPool:
                 parent_end, child_end = context.Pipe()
                 # Not a daemon: a replica starts vLLM's own engine processes.
                 process = context.Process(
-                    target=_serve_replica, args=(child_end, factory, options, dict(env)),
-                    name=f"vllm-replica-{index}", daemon=False,
+                    target=_serve_replica,
+                    args=(child_end, factory, options, dict(env)),
+                    name=f"vllm-replica-{index}",
+                    daemon=False,
                 )
                 process.start()
                 child_end.close()

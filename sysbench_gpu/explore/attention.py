@@ -36,7 +36,7 @@ import numpy as np
 
 from sysbench_gpu.attention.analysis import token_series, turn_shares
 from sysbench_gpu.attention.store import load_session, read_manifest
-from sysbench_gpu.benchmarks.base import load_run_sessions
+from sysbench_gpu.benchmarks.registry import load_run_sessions
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.engines.models import resolve_model
@@ -100,8 +100,9 @@ def _measured_keys(run_dir: str | None, explored: Mapping[Path, tuple[str, Mappi
         except SysbenchError:
             pass
     counts = Counter(system_id for _, keys in explored.values() for system_id in set(keys))
-    return {system_id: key for _, keys in explored.values() for system_id, key in keys.items()
-            if counts[system_id] == 1}
+    return {
+        system_id: key for _, keys in explored.values() for system_id, key in keys.items() if counts[system_id] == 1
+    }
 
 
 def load_source(path: str | Path, runs_by_path: Mapping[Path, tuple[str, Mapping[int, str]]]) -> AttentionSource:
@@ -197,7 +198,7 @@ class TokenText:
             return None
         starts[0] = 0
         bounds = starts + [len(text)]
-        return [text[bounds[i]:bounds[i + 1]] for i in range(len(ids))]
+        return [text[bounds[i] : bounds[i + 1]] for i in range(len(ids))]
 
     def incremental_pieces(self, ids: Sequence[int]) -> list[str]:
         """Pieces by decoding short windows, as streaming detokenizers do (linear in the length)."""
@@ -206,9 +207,9 @@ class TokenText:
         prefix, read = 0, 0  # ids[prefix:read] is context already emitted
         for position in range(len(ids)):
             before = decode(ids[prefix:read], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            after = decode(ids[prefix:position + 1], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            after = decode(ids[prefix : position + 1], skip_special_tokens=False, clean_up_tokenization_spaces=False)
             if len(after) > len(before) and not after.endswith("\ufffd"):
-                pieces.append(after[len(before):])
+                pieces.append(after[len(before) :])
                 prefix, read = read, position + 1
             else:
                 pieces.append("")  # ends inside a character: the next token carries it
@@ -298,8 +299,10 @@ def session_attention(
                 try:
                     arms[arm] = arm_record(load_session(files[arm]), source, texts[source.tokenizer_path])
                 except (KeyError, ValueError) as error:
-                    raise SysbenchError(f"{files[arm]}: session {system_id}, arm {arm}: not a session file of the "
-                                        f"attention stage ({error})") from None
+                    raise SysbenchError(
+                        f"{files[arm]}: session {system_id}, arm {arm}: not a session file of the "
+                        f"attention stage ({error})"
+                    ) from None
         entries.append({"source": number, "arms": arms, "skipped": skipped})
     if not entries:
         return None

@@ -28,7 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sysbench_gpu.benchmarks.base import Benchmark, ExploreLayout, benchmark_of, load_run_sessions
+from sysbench_gpu.benchmarks.base import Benchmark
+from sysbench_gpu.benchmarks.explorer import ExploreLayout
+from sysbench_gpu.benchmarks.registry import benchmark_of, load_run_sessions
 from sysbench_gpu.benchmarks.runs import run_metrics
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.records import GenerationRecord, JudgmentRecord
@@ -164,15 +166,17 @@ def benchmark_summaries(views: Sequence[RunView]) -> dict[str, dict[str, Any]]:
         if view.benchmark.name in found:
             continue
         layout = view.layout
-        found[view.benchmark.name] = json_ready({
-            "title": view.benchmark.title or view.benchmark.name,
-            "unit": layout.unit,
-            "outcome": layout.outcome,
-            "scale": layout.scale,
-            "kinds": layout.kinds,
-            "facets": layout.facets,
-            "caption": layout.caption,
-        })
+        found[view.benchmark.name] = json_ready(
+            {
+                "title": view.benchmark.title or view.benchmark.name,
+                "unit": layout.unit,
+                "outcome": layout.outcome,
+                "scale": layout.scale,
+                "kinds": layout.kinds,
+                "facets": layout.facets,
+                "caption": layout.caption,
+            }
+        )
     return found
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sysbench_gpu.benchmarks.base import TurnView
+from sysbench_gpu.benchmarks.explorer import TurnView
 from sysbench_gpu.core.sessions import NO_ALIGNMENT, Session
 from sysbench_gpu.explore.data import RunView, SessionKey, json_ready, key_text
 

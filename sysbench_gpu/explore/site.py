@@ -38,8 +38,13 @@ from sysbench_gpu.reporting.report import EXPLORER_DIRNAME
 log = logging.getLogger(__name__)
 
 ASSETS = (
-    "index.html", "session.html", "explore.css",
-    "explore.js", "explore_index.js", "explore_session.js", "explore_attention.js",
+    "index.html",
+    "session.html",
+    "explore.css",
+    "explore.js",
+    "explore_index.js",
+    "explore_session.js",
+    "explore_attention.js",
 )
 DATA_INDEX = "data/index.js"
 INDEX_GLOBAL = "SYSBENCH_EXPLORE_INDEX"
@@ -154,13 +159,18 @@ def build_site(
         row["attention"] = arms.get(text_key, [])
         rows[text_key] = row
         detail = sessions.session_detail(views, key)
-        total += _write(out, session_file("sessions", text_key),
-                        keyed_assignment(SESSIONS_GLOBAL, text_key, detail), written)
+        total += _write(
+            out, session_file("sessions", text_key), keyed_assignment(SESSIONS_GLOBAL, text_key, detail), written
+        )
         attention = attn.session_attention(text_key, key[2], sources, texts) if sources else None
         if attention is not None:
             n_attention += 1
-            total += _write(out, session_file("attention", text_key),
-                            keyed_assignment(ATTENTION_GLOBAL, text_key, attention), written)
+            total += _write(
+                out,
+                session_file("attention", text_key),
+                keyed_assignment(ATTENTION_GLOBAL, text_key, attention),
+                written,
+            )
     created = utc_now()
     index = {
         "tool": "sysbench-gpu",
@@ -195,14 +205,23 @@ def build_site(
             "created": created,
             "versions": package_versions(("sysbench-gpu", "transformers", "tokenizers")),
             "runs": [
-                {"label": view.label, "path": str(view.path.resolve()), "benchmark": view.benchmark.name,
-                 "status": view.status, "note": view.note}
+                {
+                    "label": view.label,
+                    "path": str(view.path.resolve()),
+                    "benchmark": view.benchmark.name,
+                    "status": view.status,
+                    "note": view.note,
+                }
                 for view in views
             ],
             "attention": [source.describe() for source in sources],
-            "metrics": {"resamples": resamples, "seed": seed, "unit": "session",
-                        "partial_rule": "a run metrics refuses is scored with --allow-partial --exclude-unparsed "
-                                        "--exclude-skipped and shown as partial"},
+            "metrics": {
+                "resamples": resamples,
+                "seed": seed,
+                "unit": "session",
+                "partial_rule": "a run metrics refuses is scored with --allow-partial --exclude-unparsed "
+                "--exclude-skipped and shown as partial",
+            },
             "quantization": index["quantization"] + "; per-turn means at full precision, rounded to 5 decimals",
             "summary": summary,
         },
@@ -220,11 +239,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Write a self-contained static site (opens from disk, no server) for one or more runs.",
     )
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (generated, judged or imported)")
-    parser.add_argument("--attention", nargs="+", default=[], metavar="ATTN_DIR",
-                        help="attention output directories (sysbench-gpu attention --out)")
-    parser.add_argument("--out", required=True,
-                        help="site folder (created; an earlier site there is updated); a report whose folder is "
-                             f"beside a folder named {EXPLORER_DIRNAME!r} links to it")
+    parser.add_argument(
+        "--attention",
+        nargs="+",
+        default=[],
+        metavar="ATTN_DIR",
+        help="attention output directories (sysbench-gpu attention --out)",
+    )
+    parser.add_argument(
+        "--out",
+        required=True,
+        help="site folder (created; an earlier site there is updated); a report whose folder is "
+        f"beside a folder named {EXPLORER_DIRNAME!r} links to it",
+    )
     parser.add_argument("--title", help="page title (default: the run labels)")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples for the metric CIs")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
@@ -232,8 +259,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_explore(args: argparse.Namespace) -> int:
-    summary = build_site(args.runs, args.out, args.attention, resamples=args.resamples, seed=args.seed,
-                         title=args.title)
+    summary = build_site(
+        args.runs, args.out, args.attention, resamples=args.resamples, seed=args.seed, title=args.title
+    )
     out = Path(args.out)
     print(
         f"wrote {out / 'index.html'}: {summary['n_runs']} run(s), {summary['n_sessions']} sessions "
@@ -241,4 +269,3 @@ def _cmd_explore(args: argparse.Namespace) -> int:
         f"{summary['data_bytes'] / 1e6:.1f} MB of data in {summary['seconds']:.1f} s"
     )
     return 0
-

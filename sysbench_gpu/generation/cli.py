@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sysbench_gpu.benchmarks.base import benchmark_names, load_dataset
+from sysbench_gpu.benchmarks.registry import benchmark_names, load_dataset
 from sysbench_gpu.core.ablation_files import DEFAULT_DISTRACTOR_SEED
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.locks import is_primary_rank, stage_lock
@@ -20,13 +20,19 @@ from sysbench_gpu.engines import get_engine
 from sysbench_gpu.engines.base import SamplingSpec
 from sysbench_gpu.engines.models import resolve_model
 from sysbench_gpu.generation.plan import HISTORY_MODES, select_for_reference_history
-from sysbench_gpu.generation.scheduler import run_generation
+from sysbench_gpu.generation.run import run_generation
 from sysbench_gpu.generation.settings import OVERFLOW_POLICIES, STAGE, GenerateSettings, check_compatible
 
 # CLI flag (argparse dest) -> engine keyword, per engine. A flag set for an engine that
 # does not take it is an error rather than silently ignored.
 ENGINE_FLAGS: dict[str, dict[str, str]] = {
-    "hf": {"device": "device", "dtype": "dtype", "batch_size": "batch_size", "device_map": "device_map", "seed": "seed"},
+    "hf": {
+        "device": "device",
+        "dtype": "dtype",
+        "batch_size": "batch_size",
+        "device_map": "device_map",
+        "seed": "seed",
+    },
     "vllm": {
         "tensor_parallel_size": "tensor_parallel_size",
         "pipeline_parallel_size": "pipeline_parallel_size",
@@ -64,7 +70,8 @@ def engine_options_from_args(engine: str, args: argparse.Namespace) -> dict[str,
                     continue
                 owners = [name for name, m in ENGINE_FLAGS.items() if dest in m]
                 raise SysbenchError(
-                    f"--{dest.replace('_', '-')} is a flag of the {'/'.join(owners)} engine; --engine {engine} does not take it"
+                    f"--{dest.replace('_', '-')} is a flag of the {'/'.join(owners)} engine; --engine {engine} does "
+                    "not take it"
                 )
             options[mapping[dest]] = False if dest == "no_prefix_caching" else value
     return options
@@ -77,32 +84,59 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Generate replies for SysBench sessions or MT-Eval dialogues. With --history model all sessions "
         "advance together, one batched engine call per turn; records are appended after each call and a rerun resumes.",
     )
-    parser.add_argument("--data", required=True,
-                        help="data file or folder (SysBench or an MT-Eval task file, told apart by content), "
-                        "or 'demo' for the packaged demo set")
-    parser.add_argument("--benchmark", choices=benchmark_names(),
-                        help="read --data as this benchmark's (default: by its format)")
+    parser.add_argument(
+        "--data",
+        required=True,
+        help="data file or folder (SysBench or an MT-Eval task file, told apart by content), "
+        "or 'demo' for the packaged demo set",
+    )
+    parser.add_argument(
+        "--benchmark", choices=benchmark_names(), help="read --data as this benchmark's (default: by its format)"
+    )
     parser.add_argument("--model", required=True, help="model path or hub id; 'smollm2' is the embedded model")
     parser.add_argument("--engine", required=True, choices=("vllm", "hf", "openai"))
     parser.add_argument("--out", required=True, help="run directory (created; reused to resume)")
     parser.add_argument("--limit", type=int, help="first N selected sessions")
     parser.add_argument("--sessions", help="session ids, e.g. 1,2,5-9")
-    parser.add_argument("--history", choices=HISTORY_MODES, default="model",
-                        help="model: the model's own earlier replies (default); reference: the reference replies "
-                        "(MT-Eval's gold context); single-turn (SysBench): each turn sees the system message and "
-                        "its own user message only")
-    parser.add_argument("--distractor-turns", type=int, default=0, metavar="K",
-                        help="SysBench: K unrelated exchanges (other sessions' reference turns) between the system "
-                        "message and user turn 1")
-    parser.add_argument("--distractor-seed", type=int, metavar="N",
-                        help=f"seed of the distractor draw (default {DEFAULT_DISTRACTOR_SEED})")
-    parser.add_argument("--system-message", metavar="TEXT",
-                        help="MT-Eval: the system message (default: MT-Eval's assistant message; '' sends none)")
+    parser.add_argument(
+        "--history",
+        choices=HISTORY_MODES,
+        default="model",
+        help="model: the model's own earlier replies (default); reference: the reference replies "
+        "(MT-Eval's gold context); single-turn (SysBench): each turn sees the system message and "
+        "its own user message only",
+    )
+    parser.add_argument(
+        "--distractor-turns",
+        type=int,
+        default=0,
+        metavar="K",
+        help="SysBench: K unrelated exchanges (other sessions' reference turns) between the system "
+        "message and user turn 1",
+    )
+    parser.add_argument(
+        "--distractor-seed",
+        type=int,
+        metavar="N",
+        help=f"seed of the distractor draw (default {DEFAULT_DISTRACTOR_SEED})",
+    )
+    parser.add_argument(
+        "--system-message",
+        metavar="TEXT",
+        help="MT-Eval: the system message (default: MT-Eval's assistant message; '' sends none)",
+    )
     parser.add_argument("--task", help="MT-Eval: the task when the file name does not say (e.g. refinement_multi)")
-    parser.add_argument("--skip-missing-reference", action="store_true",
-                        help="with --history reference, leave out sessions whose needed references are null")
-    parser.add_argument("--on-overflow", choices=OVERFLOW_POLICIES, default="error",
-                        help="when prompt + max tokens exceeds the context (default: error)")
+    parser.add_argument(
+        "--skip-missing-reference",
+        action="store_true",
+        help="with --history reference, leave out sessions whose needed references are null",
+    )
+    parser.add_argument(
+        "--on-overflow",
+        choices=OVERFLOW_POLICIES,
+        default="error",
+        help="when prompt + max tokens exceeds the context (default: error)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     sampling = parser.add_argument_group("sampling (default: the model's own generation config)")
     sampling.add_argument("--max-tokens", type=int)
@@ -168,8 +202,7 @@ def settings_from_args(args: argparse.Namespace) -> GenerateSettings:
 def _cmd_generate(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     options = engine_options_from_args(args.engine, args)
-    dataset = load_dataset(args.data, system_message=args.system_message, task=args.task,
-                           benchmark=args.benchmark)
+    dataset = load_dataset(args.data, system_message=args.system_message, task=args.task, benchmark=args.benchmark)
     ids = parse_session_ids(args.sessions)
     sessions = dataset.select(ids, args.limit)
     run_dir = RunDir(args.out)
@@ -179,8 +212,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _generate_locked(
-    args: argparse.Namespace, settings: GenerateSettings, options: dict[str, Any], dataset: Dataset,
-    sessions: list[Session], run_dir: RunDir,
+    args: argparse.Namespace,
+    settings: GenerateSettings,
+    options: dict[str, Any],
+    dataset: Dataset,
+    sessions: list[Session],
+    run_dir: RunDir,
 ) -> int:
     run_dir.ensure_writable([GENERATIONS])
     # Fail on a mismatched run directory, missing references or an impossible ablation before loading a model.
@@ -196,7 +233,13 @@ def _generate_locked(
     engine = get_engine(args.engine, model=model, **options)
     try:
         summary = run_generation(
-            engine, dataset, sessions, run_dir, settings, engine_options=options, progress=not args.no_progress,
+            engine,
+            dataset,
+            sessions,
+            run_dir,
+            settings,
+            engine_options=options,
+            progress=not args.no_progress,
             lock=False,
         )
     finally:

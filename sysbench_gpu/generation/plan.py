@@ -22,12 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sysbench_gpu.benchmarks.base import (
-    REGISTRY,
-    Benchmark,
-    dataset_benchmark,
-    get_benchmark,
-)
+from sysbench_gpu.benchmarks.base import Benchmark
+from sysbench_gpu.benchmarks.registry import REGISTRY, dataset_benchmark, get_benchmark
 from sysbench_gpu.core.chat import ChatMessage
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.sessions import Dataset, Session
@@ -63,7 +59,9 @@ class GenerationPlan:
         return get_benchmark(self.benchmark)
 
     @classmethod
-    def for_dataset(cls, dataset: Dataset, history: str, distractor_turns: int = 0, distractor_seed: int = 0) -> "GenerationPlan":
+    def for_dataset(
+        cls, dataset: Dataset, history: str, distractor_turns: int = 0, distractor_seed: int = 0
+    ) -> GenerationPlan:
         """The plan of a run on ``dataset``; distractors are drawn from every session of the file."""
         benchmark = dataset_benchmark(dataset)
         pool = benchmark.distractor_pool(dataset.sessions) if distractor_turns else {}

@@ -21,20 +21,12 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-from sysbench_gpu.benchmarks.base import (
-    benchmark_of,
-    save_run_sessions,
-)
-from sysbench_gpu.core.ablation_files import (
-    DISTRACTORS_FILE,
-    write_distractors,
-)
+from sysbench_gpu.benchmarks.registry import benchmark_of
 from sysbench_gpu.core.chat import ChatMessage
 from sysbench_gpu.core.errors import SysbenchError, where
 from sysbench_gpu.core.jsonio import read_json
-from sysbench_gpu.core.locks import stage_lock
 from sysbench_gpu.core.messages import (
     SYSTEM_FOLD_SEPARATOR,
     conversation_for_turn,
@@ -44,7 +36,7 @@ from sysbench_gpu.core.messages import (
 )
 from sysbench_gpu.core.records import GenerationRecord, Key
 from sysbench_gpu.core.rundir import RunDir, utc_now, write_json_atomic
-from sysbench_gpu.core.sessions import Dataset, Session
+from sysbench_gpu.core.sessions import Session
 from sysbench_gpu.engines.base import Completion, Engine, SamplingSpec, chat_sessions
 from sysbench_gpu.generation.plan import (
     ALL_IN_ONE_CALL,
@@ -59,15 +51,22 @@ from sysbench_gpu.generation.settings import (
     GenerateSettings,
     GenerateSummary,
     check_compatible,
-    merged_snapshot,
-    sampling_json,
-    system_message_of,
 )
 
 __all__ = [
-    "GenerateSettings", "GenerateSummary", "TurnScheduler", "run_generation", "check_compatible",
-    "conversation_for_turn", "fold_system_message", "drop_oldest_turns", "fit_to_context", "missing_references",
-    "select_for_reference_history", "SYSTEM_FOLD_SEPARATOR", "HISTORY_MODES", "effective_max_tokens",
+    "GenerateSettings",
+    "GenerateSummary",
+    "TurnScheduler",
+    "check_compatible",
+    "conversation_for_turn",
+    "fold_system_message",
+    "drop_oldest_turns",
+    "fit_to_context",
+    "missing_references",
+    "select_for_reference_history",
+    "SYSTEM_FOLD_SEPARATOR",
+    "HISTORY_MODES",
+    "effective_max_tokens",
 ]
 
 log = logging.getLogger(__name__)
@@ -130,13 +129,19 @@ class TurnScheduler:
         if not pending:
             log.info("nothing to generate: all %d turns already have records", len(self.records))
             return
-        log.info("generating %d replies for %d sessions (history=%s%s)", len(pending), len(self.sessions),
-                 self.settings.history,
-                 f", {self.settings.distractor_turns} distractor turns" if self.settings.distractor_turns else "")
+        log.info(
+            "generating %d replies for %d sessions (history=%s%s)",
+            len(pending),
+            len(self.sessions),
+            self.settings.history,
+            f", {self.settings.distractor_turns} distractor turns" if self.settings.distractor_turns else "",
+        )
         from tqdm import tqdm
 
         by_id = {s.system_id: s for s in self.sessions}
-        with tqdm(total=len(pending), desc="generate", unit="reply", disable=not (self.progress and self.writes)) as bar:
+        with tqdm(
+            total=len(pending), desc="generate", unit="reply", disable=not (self.progress and self.writes)
+        ) as bar:
             for label, keys in calls:
                 todo = [key for key in keys if key not in self.records]
                 if not todo:
@@ -184,17 +189,21 @@ class TurnScheduler:
         if to_send:
             # The session id keeps a session on one data-parallel replica (its prefix cache),
             # whatever folding or truncation did to its messages.
-            completions = list(chat_sessions(
-                self.engine, [p.messages for p in to_send], self.settings.sampling,
-                [str(p.session.system_id) for p in to_send],
-            ))
+            completions = list(
+                chat_sessions(
+                    self.engine,
+                    [p.messages for p in to_send],
+                    self.settings.sampling,
+                    [str(p.session.system_id) for p in to_send],
+                )
+            )
             if len(completions) != len(to_send):
                 raise SysbenchError(
                     f"engine {self.settings.engine} returned {len(completions)} completions for {len(to_send)} "
                     f"conversations (turn {label})"
                 )
         wall = time.perf_counter() - clock
-        by_key = {(p.session.system_id, p.turn): c for p, c in zip(to_send, completions)}
+        by_key = {(p.session.system_id, p.turn): c for p, c in zip(to_send, completions, strict=False)}
         records = [self._record(p, by_key.get((p.session.system_id, p.turn))) for p in prepared]
         if self.writes:
             self.run_dir.generations.append(records, existing=set(self.records))
@@ -215,8 +224,11 @@ class TurnScheduler:
         )
         if completion is None:
             return GenerationRecord(
-                response=None, status="skipped", prompt_tokens=prepared.prompt_tokens,
-                extra={"skip_reason": prepared.skip_reason}, **base,
+                response=None,
+                status="skipped",
+                prompt_tokens=prepared.prompt_tokens,
+                extra={"skip_reason": prepared.skip_reason},
+                **base,
             )
         return GenerationRecord(
             response=completion.text,
@@ -229,8 +241,14 @@ class TurnScheduler:
             **base,
         )
 
-    def _add_stats(self, label: int | str, records: list[GenerationRecord], completions: list[Completion],
-                   wall: float, started: str) -> None:
+    def _add_stats(
+        self,
+        label: int | str,
+        records: list[GenerationRecord],
+        completions: list[Completion],
+        wall: float,
+        started: str,
+    ) -> None:
         cached = [c.cached_prompt_tokens for c in completions if c.cached_prompt_tokens is not None]
         stats = CallStats(
             turn=label,
@@ -249,9 +267,13 @@ class TurnScheduler:
         log.info(
             "%s %s: %d requests, %.2f s, %d prompt tokens%s, %d output tokens, %.1f output tok/s, finish %s%s",
             self.plan.protocol.call_unit if label != ALL_IN_ONE_CALL else "turn",
-            label, stats.requests, stats.wall_s, stats.prompt_tokens,
+            label,
+            stats.requests,
+            stats.wall_s,
+            stats.prompt_tokens,
             f" ({stats.cached_prompt_tokens} cached)" if stats.cached_prompt_tokens is not None else "",
-            stats.output_tokens, stats.output_tokens_per_s,
+            stats.output_tokens,
+            stats.output_tokens_per_s,
             ", ".join(f"{k} {v}" for k, v in sorted(stats.finish_reasons.items())) or "-",
             f", {stats.skipped} skipped" if stats.skipped else "",
         )
@@ -287,13 +309,6 @@ class TurnScheduler:
         )
 
 
-def _read_stats_calls(run_dir: RunDir) -> list[dict[str, Any]]:
-    if not run_dir.stats_path.exists():
-        return []
-    stats = read_json(run_dir.stats_path, expect=dict)
-    return list(stats.get("calls", [])) if stats.get("stage") == STAGE else []
-
-
 def effective_max_tokens(engine: Engine, sampling: SamplingSpec) -> int:
     """Output tokens to reserve in the context: the explicit flag, else the engine's default, else 0."""
     if sampling.max_tokens is not None:
@@ -303,100 +318,8 @@ def effective_max_tokens(engine: Engine, sampling: SamplingSpec) -> int:
     return int(value) if isinstance(value, int) else 0
 
 
-def run_generation(
-    engine: Engine,
-    dataset: Dataset,
-    sessions: list[Session],
-    run_dir: RunDir | str,
-    settings: GenerateSettings,
-    *,
-    engine_options: Mapping[str, Any] | None = None,
-    progress: bool = True,
-    lock: bool = True,
-) -> GenerateSummary:
-    """Generate every missing (session, turn) of ``sessions`` into ``run_dir``; resumable.
-
-    ``lock``: hold the stage lock of ``run_dir`` (primary only) for the call; False when the caller holds it.
-    """
-    run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-    with stage_lock(run_dir.path, STAGE, enabled=lock and bool(getattr(engine, "is_primary", True))):
-        return _run_generation_locked(engine, dataset, sessions, run_dir, settings, engine_options, progress)
-
-
-def _run_generation_locked(
-    engine: Engine,
-    dataset: Dataset,
-    sessions: list[Session],
-    run_dir: RunDir,
-    settings: GenerateSettings,
-    engine_options: Mapping[str, Any] | None,
-    progress: bool,
-) -> GenerateSummary:
-    check_compatible(run_dir, settings, dataset)
-    plan = settings.plan(dataset)
-    skipped_sessions: list[int] = []
-    if settings.history == "reference":
-        sessions, skipped_sessions = select_for_reference_history(sessions, settings.skip_missing_reference)
-    if not sessions:
-        raise SysbenchError(f"{dataset.path}: no sessions selected")
-    scheduler = TurnScheduler(engine, run_dir, settings, sessions, progress=progress, plan=plan)
-    writes = scheduler.writes
-    if writes:
-        run_dir.path.mkdir(parents=True, exist_ok=True)
-        snapshot = merged_snapshot(run_dir, dataset, sessions)
-        save_run_sessions(run_dir, snapshot, dataset)
-        if settings.distractor_turns:
-            write_distractors(run_dir.path / DISTRACTORS_FILE, {s.system_id: plan.distractors(s) for s in snapshot},
-                              settings.distractor_turns, settings.distractor_seed)
-        described = engine.describe()
-        # The benchmark's own fields (generation_manifest): task and system message first, as always, then any others.
-        benchmark_fields = dict(plan.protocol.generation_manifest(sessions))
-        run_dir.update_manifest(
-            STAGE,
-            status="running",
-            model=settings.model,
-            engine=settings.engine,
-            benchmark=dataset.benchmark,
-            task=benchmark_fields.pop("task", None),
-            system_message=system_message_of(list(dataset.sessions)),
-            **{name: value for name, value in benchmark_fields.items() if name != "system_message"},
-            **settings.ablation(),
-            distractors_file=DISTRACTORS_FILE if settings.distractor_turns else None,
-            sampling=sampling_json(settings.sampling),
-            data_sha256=dataset.sha256,
-            engine_options=dict(engine_options or {}),
-            engine_describe=described,
-            sampling_defaults=described.get("defaults"),
-            max_tokens_reserved=scheduler.reserve,
-            context_length=scheduler.context_length,
-            on_overflow=settings.on_overflow,
-            skip_missing_reference=settings.skip_missing_reference,
-            skipped_sessions_missing_reference=skipped_sessions,
-            system_folded=scheduler.fold_system,
-            system_fold_separator=SYSTEM_FOLD_SEPARATOR if scheduler.fold_system else None,
-            started=utc_now(),
-        )
-    scheduler.run()
-    wanted = {(s.system_id, turn) for s in sessions for turn in plan.answered(s)}
-    done = [r for k, r in scheduler.records.items() if k in wanted]
-    summary = GenerateSummary(
-        new_records=scheduler.new_records,
-        skipped_records=sum(r.status != "ok" for r in done),
-        total_records=len(done),
-        calls=scheduler.calls,
-        skipped_sessions=skipped_sessions,
-    )
-    if writes:
-        if not run_dir.stats_path.exists():
-            scheduler.write_stats()
-        run_dir.update_manifest(
-            STAGE,
-            status="complete",
-            finished=utc_now(),
-            n_sessions=len(sessions),
-            n_records=summary.total_records,
-            n_skipped_records=summary.skipped_records,
-        )
-    return summary
-
-
+def _read_stats_calls(run_dir: RunDir) -> list[dict[str, Any]]:
+    if not run_dir.stats_path.exists():
+        return []
+    stats = read_json(run_dir.stats_path, expect=dict)
+    return list(stats.get("calls", [])) if stats.get("stage") == STAGE else []

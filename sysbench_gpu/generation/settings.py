@@ -5,10 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sysbench_gpu.benchmarks.base import (
-    benchmark_of,
-    load_run_sessions,
-)
+from sysbench_gpu.benchmarks.registry import benchmark_of, load_run_sessions
 from sysbench_gpu.core.ablation_files import (
     ablation_settings,
     check_ablation_compatible,
@@ -50,7 +47,9 @@ class GenerateSettings:
         if self.history not in HISTORY_MODES:
             raise SysbenchError(f"--history must be one of {', '.join(HISTORY_MODES)}, got {self.history!r}")
         if self.on_overflow not in OVERFLOW_POLICIES:
-            raise SysbenchError(f"--on-overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {self.on_overflow!r}")
+            raise SysbenchError(
+                f"--on-overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {self.on_overflow!r}"
+            )
         if self.distractor_turns < 0:
             raise SysbenchError(f"--distractor-turns must be 0 or more, got {self.distractor_turns}")
 

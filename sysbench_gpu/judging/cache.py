@@ -17,9 +17,10 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.jsonio import json_type
@@ -78,7 +79,9 @@ class JudgeCache:
         except (UnicodeDecodeError, ValueError):
             return None
         except RecursionError:
-            raise CacheEntryError(f"{path}: judge cache entry nested too deeply; delete the file to ask again") from None
+            raise CacheEntryError(
+                f"{path}: judge cache entry nested too deeply; delete the file to ask again"
+            ) from None
         return _entry_from_json(obj, path)
 
     def put(self, key: str, reply: CachedReply) -> None:
@@ -144,5 +147,6 @@ def _entry_from_json(obj: Any, path: Path) -> CachedReply:
     finish = obj.get("finish_reason")
     if finish is not None and not isinstance(finish, str):
         raise wrong("finish_reason", "a string or null", finish)
-    return CachedReply(text=text, prompt_tokens=obj.get("prompt_tokens"), output_tokens=obj.get("output_tokens"),
-                       finish_reason=finish)
+    return CachedReply(
+        text=text, prompt_tokens=obj.get("prompt_tokens"), output_tokens=obj.get("output_tokens"), finish_reason=finish
+    )

@@ -11,10 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from sysbench_gpu.benchmarks.base import load_run_sessions, one_benchmark, run_benchmark
+from sysbench_gpu.benchmarks.registry import load_run_sessions, one_benchmark, run_benchmark
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.locks import is_primary_rank, stage_lock
 from sysbench_gpu.core.rundir import MANIFEST, RunDir
@@ -32,7 +33,10 @@ REJUDGE_WAIT_S = 600.0  # how long a non-primary rank waits for the primary to c
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "judge",
-        help="judge generated turns (SysBench checklists; MT-Eval rules or 1-10 scores); `judge agreement A B` compares two runs",
+        help=(
+            "judge generated turns (SysBench checklists; MT-Eval rules or 1-10 scores); "
+            "`judge agreement A B` compares two runs"
+        ),
         description=(
             "sysbench-gpu judge RUN_DIR --judge {openai,vllm,hf} --judge-model NAME [...]\n"
             "sysbench-gpu judge RUN_DIR   (an MT-Eval run of rule-scored tasks: no judge model needed)\n"
@@ -50,21 +54,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per API request (openai)")
     parser.add_argument("--api-retries", type=int, default=6, help="retries of one API request on 429/5xx/timeouts")
     parser.add_argument("--template", help="SysBench: zh (default), en, or a template FILE (see docs/judge.md)")
-    parser.add_argument("--mteval-template", action="append", default=[], metavar="KIND=FILE",
-                        help="MT-Eval: your own 1-10 judge template for refinement, expansion or follow-up (repeatable)")
+    parser.add_argument(
+        "--mteval-template",
+        action="append",
+        default=[],
+        metavar="KIND=FILE",
+        help="MT-Eval: your own 1-10 judge template for refinement, expansion or follow-up (repeatable)",
+    )
     parser.add_argument("--template-lang", choices=("zh", "en"), help="language of a template FILE (default zh)")
-    parser.add_argument("--max-retries", type=int, default=DEFAULT_MAX_RETRIES, help="attempts per turn until it is recorded unparsed")
+    parser.add_argument(
+        "--max-retries", type=int, default=DEFAULT_MAX_RETRIES, help="attempts per turn until it is recorded unparsed"
+    )
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="judge reply token limit")
-    parser.add_argument("--max-reasoning-chars", type=int, default=2000, help="vllm: cap on the reasoning string under guided decoding")
+    parser.add_argument(
+        "--max-reasoning-chars", type=int, default=2000, help="vllm: cap on the reasoning string under guided decoding"
+    )
     parser.add_argument("--seed", type=int, help="sampling seed (where the backend honours one)")
-    parser.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra engine constructor option for vllm/hf (VALUE read as JSON when it parses)")
+    parser.add_argument(
+        "--engine-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra engine constructor option for vllm/hf (VALUE read as JSON when it parses)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print requests, tokens and cost; send nothing")
     parser.add_argument("--no-cache", action="store_true", help="bypass the reply cache")
-    parser.add_argument("--retry-unparsed", action="store_true",
-                        help="ask the turns recorded unparsed again (old records move to judgments.retried.jsonl)")
+    parser.add_argument(
+        "--retry-unparsed",
+        action="store_true",
+        help="ask the turns recorded unparsed again (old records move to judgments.retried.jsonl)",
+    )
     parser.add_argument("--cache-dir", help=f"reply cache folder (default RUN_DIR/{CACHE_DIRNAME})")
-    parser.add_argument("--rejudge", action="store_true", help="copy RUN_DIR's sessions and generations to --out and judge there")
+    parser.add_argument(
+        "--rejudge", action="store_true", help="copy RUN_DIR's sessions and generations to --out and judge there"
+    )
     parser.add_argument("--out", help="with --rejudge: the new run directory")
     parser.add_argument("--limit", type=int, help="only the first N sessions")
     parser.add_argument("--sessions", help="only these system ids (comma-separated), before --limit")
@@ -87,7 +110,9 @@ def _engine_options(pairs: Sequence[str]) -> dict[str, Any]:
     return options
 
 
-def make_engine_factory(args: argparse.Namespace, settings: JudgeSettings, options: dict[str, Any]) -> Callable[[], Any]:
+def make_engine_factory(
+    args: argparse.Namespace, settings: JudgeSettings, options: dict[str, Any]
+) -> Callable[[], Any]:
     """Builds the judge's engine when called (only when there is work); ``options``: parsed --engine-option."""
     if settings.backend == "openai":
         if options:
@@ -118,8 +143,10 @@ def main(args: argparse.Namespace) -> int:
     if args.more_runs:
         raise SysbenchError(f"judge takes one RUN_DIR, got extra {' '.join(args.more_runs)!r}")
     if bool(args.judge) != bool(args.judge_model):
-        raise SysbenchError("judge needs both --judge {openai,vllm,hf} and --judge-model NAME (or neither, "
-                            "for an MT-Eval run of rule-scored tasks)")
+        raise SysbenchError(
+            "judge needs both --judge {openai,vllm,hf} and --judge-model NAME (or neither, "
+            "for an MT-Eval run of rule-scored tasks)"
+        )
     if args.max_retries < 1:
         raise SysbenchError(f"--max-retries must be at least 1, got {args.max_retries}")
     if args.limit is not None and args.limit < 1:
@@ -131,8 +158,9 @@ def main(args: argparse.Namespace) -> int:
     primary = is_primary_rank(options)
     source = RunDir(args.run_dir)
     benchmark = run_benchmark(source)
-    flag_error = benchmark.judge_flag_error(template=bool(args.template or args.template_lang),
-                                            score_templates=bool(args.mteval_template))
+    flag_error = benchmark.judge_flag_error(
+        template=bool(args.template or args.template_lang), score_templates=bool(args.mteval_template)
+    )
     if flag_error:
         raise SysbenchError(flag_error)
     template = benchmark.judge_template(args.template, args.template_lang)
@@ -179,8 +207,11 @@ def main(args: argparse.Namespace) -> int:
             print(f"  est. prompt tokens  {report['estimated_prompt_tokens']}")
             print(f"  est. output tokens  {report['estimated_completion_tokens']}")
             print(f"  est. cost (USD)     {'unknown for this model' if cost is None else f'{cost:.4f}'}")
-            print(f"  skipped (no reply)  {report['turns_skipped_no_response']}; already judged {report['turns_already_judged']}; "
-                  f"not generated {report['turns_not_generated']}")
+            print(
+                f"  skipped (no reply)  {report['turns_skipped_no_response']}; already judged "
+                f"{report['turns_already_judged']}; "
+                f"not generated {report['turns_not_generated']}"
+            )
         return 0
     # One writer: the lock covers a --rejudge set-up and the judging that follows it.
     with stage_lock(run.path, STAGE, enabled=primary):
@@ -210,8 +241,6 @@ def main(args: argparse.Namespace) -> int:
             f"{ruled}requests {summary.requests}, cache hits {summary.cache_hits}"
         )
     return 0
-
-
 
 
 def _wait_for_rejudge_copy(run: RunDir, timeout_s: float = REJUDGE_WAIT_S) -> None:

@@ -17,9 +17,10 @@ from __future__ import annotations
 import json
 import math
 import threading
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.jsonio import read_json
@@ -113,7 +114,7 @@ class JudgeLedger:
         return self.run_path / LEDGER
 
     @classmethod
-    def load(cls, run_path: Path, model: str, writes: bool = True) -> "JudgeLedger":
+    def load(cls, run_path: Path, model: str, writes: bool = True) -> JudgeLedger:
         """Read (and validate) the journal; ``writes``: start writing at once (see :meth:`start_writing`)."""
         ledger = cls(run_path, model)
         if ledger.journal_path.exists():
@@ -162,9 +163,7 @@ class JudgeLedger:
 
     def paid(self, replies: Sequence[PaidReply]) -> None:
         """Count replies the moment they arrive; call this before caching them."""
-        entries = [
-            {"event": "paid", "model": self.model, **asdict(reply), "time": utc_now()} for reply in replies
-        ]
+        entries = [{"event": "paid", "model": self.model, **asdict(reply), "time": utc_now()} for reply in replies]
         self._record(entries)
 
     def cache_hits(self, count: int) -> None:

@@ -15,10 +15,10 @@ be interrupted at any point and rerun:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from sysbench_gpu.benchmarks.base import load_run_sessions, save_run_sessions
+from sysbench_gpu.benchmarks.registry import load_run_sessions, save_run_sessions
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.jsonl import append_lines, complete_lines
 from sysbench_gpu.core.rundir import GENERATIONS, MANIFEST, RunDir, write_bytes_atomic
@@ -67,9 +67,13 @@ def prepare_rejudge(
         if finished:
             return target
     else:
-        leftovers = sorted(p.name for p in target.path.iterdir() if not _setup_debris(p)) if target.path.is_dir() else []
+        leftovers = (
+            sorted(p.name for p in target.path.iterdir() if not _setup_debris(p)) if target.path.is_dir() else []
+        )
         if leftovers:
-            raise SysbenchError(f"{target.path}: exists and is not empty ({', '.join(leftovers[:3])}); choose a new --out")
+            raise SysbenchError(
+                f"{target.path}: exists and is not empty ({', '.join(leftovers[:3])}); choose a new --out"
+            )
         target.path.mkdir(parents=True, exist_ok=True)
         # The manifest first: from here on the folder says what it is, and a crash resumes.
         target.update_manifest(

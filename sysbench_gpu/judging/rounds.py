@@ -17,10 +17,11 @@ record as soon as its turn is done.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from sysbench_gpu.benchmarks.judge_tasks import JudgeTask
 from sysbench_gpu.core.errors import SysbenchError
@@ -45,8 +46,6 @@ RETRY_TEMPERATURES = (0.0, 0.5)  # first half of the attempts, second half
 def temperature_for(attempt: int, max_retries: int) -> float:
     """Upstream's schedule: attempts (0-based) in the first half at 0, the rest at 0.5."""
     return RETRY_TEMPERATURES[0] if attempt < max_retries / 2 else RETRY_TEMPERATURES[1]
-
-
 
 
 # ----------------------------------------------------------------------------- judging
@@ -108,8 +107,9 @@ class _TaskState:
             raise SysbenchError(f"{self.task.label}: the benchmark planned no reply format for this task")
         read = self.task.reply.read(reply.text)
         if read.ok:
-            self.record = self._record(settings, "ok", dict(read.verdicts), read.reasoning, repaired=read.repaired,
-                                       score=read.score)
+            self.record = self._record(
+                settings, "ok", dict(read.verdicts), read.reasoning, repaired=read.repaired, score=read.score
+            )
             return True
         reason = read.error or "unparsable"
         if reply.finish_reason == "length":
@@ -125,7 +125,12 @@ class _TaskState:
         self.record = self._record(settings, "unparsed", {}, None)
 
     def _record(
-        self, settings: JudgeSettings, status: str, verdicts: dict, reasoning: str | None, repaired: bool = False,
+        self,
+        settings: JudgeSettings,
+        status: str,
+        verdicts: dict,
+        reasoning: str | None,
+        repaired: bool = False,
         score: float | None = None,
     ) -> JudgmentRecord:
         extra: dict[str, Any] = {
@@ -205,7 +210,9 @@ class Recorder:
 
     def paid(self, arrived: Sequence[tuple[JudgeTask, int, str | None, CachedReply]]) -> None:
         """Replies that just came back, as (task, attempt, cache key, reply): counted, then cached."""
-        self.ledger.paid([PaidReply(r.prompt_tokens, r.output_tokens, t.label, attempt) for t, attempt, _, r in arrived])
+        self.ledger.paid(
+            [PaidReply(r.prompt_tokens, r.output_tokens, t.label, attempt) for t, attempt, _, r in arrived]
+        )
         if self.writes and self.cache is not None:
             for _, _, key, reply in arrived:
                 if key is not None:
@@ -215,7 +222,9 @@ class Recorder:
         self.ledger.cache_hits(count)
 
 
-def cache_lookup(cache: JudgeCache | None, settings: JudgeSettings, task: JudgeTask, sampling: SamplingSpec, attempt: int) -> tuple[str | None, CachedReply | None]:
+def cache_lookup(
+    cache: JudgeCache | None, settings: JudgeSettings, task: JudgeTask, sampling: SamplingSpec, attempt: int
+) -> tuple[str | None, CachedReply | None]:
     if cache is None:
         return None, None
     key = cache_key(
@@ -223,7 +232,11 @@ def cache_lookup(cache: JudgeCache | None, settings: JudgeSettings, task: JudgeT
         settings.model,
         task.template_sha256,
         task.prompt,
-        {**sampling.explicit(), "attempt": attempt, **({"retry_round": settings.retry_round} if settings.retry_round else {})},
+        {
+            **sampling.explicit(),
+            "attempt": attempt,
+            **({"retry_round": settings.retry_round} if settings.retry_round else {}),
+        },
     )
     return key, cache.get(key)
 
@@ -330,9 +343,11 @@ def judge_tasks_batched(
             log.info("judge round %d: %d prompt(s) at temperature %s", attempt + 1, len(members), sampling.temperature)
             completions = engine.chat([pending[i].task.messages() for i, _ in members], sampling)
             if len(completions) != len(members):
-                raise SysbenchError(f"{settings.backend} engine returned {len(completions)} replies for {len(members)} prompts")
+                raise SysbenchError(
+                    f"{settings.backend} engine returned {len(completions)} replies for {len(members)} prompts"
+                )
             arrived = []
-            for (index, key), completion in zip(members, completions):
+            for (index, key), completion in zip(members, completions, strict=False):
                 reply = _to_cached(completion)
                 replies[index] = (reply, False)
                 arrived.append((pending[index].task, attempt, key, reply))
@@ -352,7 +367,9 @@ def judge_tasks_batched(
         pending = still
 
 
-def _drop_overlong(states: list[_TaskState], engine: Any, settings: JudgeSettings, recorder: Recorder, progress: Any) -> list[_TaskState]:
+def _drop_overlong(
+    states: list[_TaskState], engine: Any, settings: JudgeSettings, recorder: Recorder, progress: Any
+) -> list[_TaskState]:
     """Prompts that cannot fit the local judge's context are recorded unparsed, not truncated."""
     context = engine.context_length()
     if not context:
@@ -363,7 +380,9 @@ def _drop_overlong(states: list[_TaskState], engine: Any, settings: JudgeSetting
     for state in states:
         tokens = engine.count_prompt_tokens(state.task.messages())
         if tokens is not None and tokens + room > context:
-            state.give_up(settings, f"judge prompt of {tokens} tokens + max_tokens {room} exceeds the context of {context}")
+            state.give_up(
+                settings, f"judge prompt of {tokens} tokens + max_tokens {room} exceeds the context of {context}"
+            )
             too_long.append(state.record)
         else:
             keep.append(state)
@@ -371,5 +390,3 @@ def _drop_overlong(states: list[_TaskState], engine: Any, settings: JudgeSetting
     if progress is not None and too_long:
         progress.update(len(too_long))
     return keep
-
-

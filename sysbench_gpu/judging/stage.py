@@ -35,11 +35,12 @@ Guarantees:
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from sysbench_gpu.benchmarks.base import benchmark_of, get_benchmark, load_run_sessions
 from sysbench_gpu.benchmarks.judge_tasks import NEEDS_JUDGE, JudgePlan, JudgeTask
+from sysbench_gpu.benchmarks.registry import benchmark_of, get_benchmark, load_run_sessions
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.locks import stage_lock
 from sysbench_gpu.core.rundir import JUDGMENTS, MANIFEST, RunDir, utc_now
@@ -67,8 +68,18 @@ from sysbench_gpu.judging.rounds import (
 )
 
 __all__ = [
-    "DEFAULT_MAX_RETRIES", "DEFAULT_MAX_TOKENS", "JUDGE_BACKENDS", "LEDGER", "STAGE", "JudgePlan", "JudgeSettings",
-    "JudgeSummary", "JudgeTask", "dry_run_report", "judge_run", "temperature_for",
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_MAX_TOKENS",
+    "JUDGE_BACKENDS",
+    "LEDGER",
+    "STAGE",
+    "JudgePlan",
+    "JudgeSettings",
+    "JudgeSummary",
+    "JudgeTask",
+    "dry_run_report",
+    "judge_run",
+    "temperature_for",
 ]
 
 JUDGE_BACKENDS = ("openai", "vllm", "hf")
@@ -83,8 +94,11 @@ def _check_consistent(existing: dict, settings: JudgeSettings, run: RunDir) -> N
             continue
         if record.judge_model != settings.model or (record.template_hash and record.template_hash not in allowed):
             # An MT-Eval record was made by one of the 1-10 templates, a SysBench one by the checklist template.
-            asked = settings.template.sha256[:12] if record.scorer is None and settings.template else "/".join(
-                sorted(t.sha256[:12] for t in settings.score_templates.values()))
+            asked = (
+                settings.template.sha256[:12]
+                if record.scorer is None and settings.template
+                else "/".join(sorted(t.sha256[:12] for t in settings.score_templates.values()))
+            )
             raise SysbenchError(
                 f"{run.judgments.path}: session {record.system_id}, turn {record.turn} was judged by "
                 f"{record.judge_model!r} with template {str(record.template_hash)[:12]}; this run asks "
@@ -140,8 +154,7 @@ def judge_run(
     """
     run.require()
     with stage_lock(run.path, STAGE, enabled=lock and primary):
-        return _judge_run(run, settings, engine_factory, limit, show_progress, system_ids,
-                          retry_unparsed, primary)
+        return _judge_run(run, settings, engine_factory, limit, show_progress, system_ids, retry_unparsed, primary)
 
 
 def _judge_run(
@@ -221,7 +234,8 @@ def _judge_run(
         first = summary.api_errors[0]
         raise SysbenchError(
             f"{run.path}: judging stopped after an API error that outlived its retries ({first}); "
-            f"{summary.judged + summary.unparsed} turn(s) finished in this call are saved; rerun the same command to resume"
+            f"{summary.judged + summary.unparsed} turn(s) finished in this call are saved; rerun the same command to "
+            "resume"
         )
     return summary
 
@@ -255,20 +269,24 @@ def _write_manifest(
         "judge_model": settings.model,
     }
     fields.update(get_benchmark(plan.benchmark).judge_manifest(settings, plan, scorers))
-    fields.update({
-        "max_retries": settings.max_retries,
-        "temperature_schedule": f"attempt i of n at {RETRY_TEMPERATURES[0]} while i < n/2, else {RETRY_TEMPERATURES[1]}",
-        "max_tokens": settings.max_tokens,
-        "seed": settings.seed,
-        "guided_decoding": settings.backend == "vllm",
-        "max_reasoning_chars": settings.max_reasoning_chars if settings.backend == "vllm" else None,
-        "cache_dir": str(settings.cache_dir) if settings.cache_dir is not None else None,
-        "limit_sessions": limit,
-        "system_ids": list(system_ids) if system_ids is not None else None,
-        "last_call": {"started": started, "finished": utc_now(), **asdict(summary)},
-        "judgments_by_status": statuses,
-        "ledger": ledger.summary(),
-    })
+    fields.update(
+        {
+            "max_retries": settings.max_retries,
+            "temperature_schedule": (
+                f"attempt i of n at {RETRY_TEMPERATURES[0]} while i < n/2, else {RETRY_TEMPERATURES[1]}"
+            ),
+            "max_tokens": settings.max_tokens,
+            "seed": settings.seed,
+            "guided_decoding": settings.backend == "vllm",
+            "max_reasoning_chars": settings.max_reasoning_chars if settings.backend == "vllm" else None,
+            "cache_dir": str(settings.cache_dir) if settings.cache_dir is not None else None,
+            "limit_sessions": limit,
+            "system_ids": list(system_ids) if system_ids is not None else None,
+            "last_call": {"started": started, "finished": utc_now(), **asdict(summary)},
+            "judgments_by_status": statuses,
+            "ledger": ledger.summary(),
+        }
+    )
     if engine_info:
         fields["engine"] = engine_info
     run.update_manifest(stage=STAGE, **fields)
@@ -302,7 +320,10 @@ def _write_rules_manifest(
 
 
 def dry_run_report(
-    run: RunDir, settings: JudgeSettings | None, limit: int | None, fresh: bool = False,
+    run: RunDir,
+    settings: JudgeSettings | None,
+    limit: int | None,
+    fresh: bool = False,
     system_ids: SessionIds | Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """What judging would send, without building an engine or sending anything.
@@ -315,8 +336,11 @@ def dry_run_report(
     existing = {} if fresh else run.judgments.read()
     plan = plan_run(run, sessions, set(existing), settings, limit, system_ids)
     cache = JudgeCache(settings.cache_dir) if settings is not None and settings.cache_dir is not None else None
-    to_send = [t for t in plan.tasks if settings is not None
-               and cache_lookup(cache, settings, t, settings.sampling(0, t), 0)[1] is None]
+    to_send = [
+        t
+        for t in plan.tasks
+        if settings is not None and cache_lookup(cache, settings, t, settings.sampling(0, t), 0)[1] is None
+    ]
     prompt_tokens = sum(estimate_tokens(t.prompt) for t in to_send)
     # A reply: some reasoning per item plus the verdict map (or a rationale and a score); a rough guess, said as such.
     completion_tokens = sum(150 if t.score_kind else 80 + 60 * len(t.constraints) for t in to_send)
@@ -340,5 +364,6 @@ def dry_run_report(
         if backend == "openai" and model is not None
         else 0.0,
         "note": f"first attempts only; each parse failure adds a request (up to {settings.max_retries} per turn)"
-        if settings is not None else "rule-scored turns need no judge and cost nothing",
+        if settings is not None
+        else "rule-scored turns need no judge and cost nothing",
     }

@@ -58,9 +58,7 @@ def load_device_spec(text: str) -> DeviceSpec:
     path_text, _, wanted = text.partition("#")
     path = Path(path_text)
     if not path.is_file():
-        raise SysbenchError(
-            f"--device-spec {text!r}: neither a known device ({', '.join(table)}) nor a JSON file"
-        )
+        raise SysbenchError(f"--device-spec {text!r}: neither a known device ({', '.join(table)}) nor a JSON file")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:

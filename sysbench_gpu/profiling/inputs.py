@@ -21,7 +21,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from sysbench_gpu.benchmarks.base import load_run_sessions
+from sysbench_gpu.benchmarks.registry import load_run_sessions
 from sysbench_gpu.core.errors import SysbenchError, where
 from sysbench_gpu.core.messages import conversation_for_turn, fold_system_message
 from sysbench_gpu.core.records import GenerationRecord
@@ -110,8 +110,9 @@ def _record_tokens(path: Path, record: GenerationRecord) -> SequenceTokens:
                 "(use `profile --estimate` to count tokens with a tokenizer)"
             )
     cached = record.cached_prompt_tokens if isinstance(record.cached_prompt_tokens, int) else 0
-    return SequenceTokens(prompt=record.prompt_tokens, cached=min(cached, record.prompt_tokens),
-                          output=record.output_tokens)
+    return SequenceTokens(
+        prompt=record.prompt_tokens, cached=min(cached, record.prompt_tokens), output=record.output_tokens
+    )
 
 
 def read_generated_run(run_dir: str | Path) -> RunInputs:
@@ -241,8 +242,11 @@ def estimate_calls(
                     cached = _common_prefix(previous, prompt_ids)
                     cached -= cached % cache_block
                 per_turn[turn.index].append(
-                    Request(session.system_id, turn.index,
-                            SequenceTokens(len(prompt_ids), cached, len(reply_ids) + end_of_turn))
+                    Request(
+                        session.system_id,
+                        turn.index,
+                        SequenceTokens(len(prompt_ids), cached, len(reply_ids) + end_of_turn),
+                    )
                 )
                 # The engine holds KV for the prompt and every reply token but the last one.
                 previous = prompt_ids + reply_ids

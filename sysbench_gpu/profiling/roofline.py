@@ -30,10 +30,22 @@ from sysbench_gpu.core.errors import SysbenchError
 
 # Bytes per element of the dtypes engines record.
 DTYPE_BYTES = {
-    "float32": 4, "fp32": 4, "float": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
-    "float8": 1, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1,
-    "int4": 0.5, "fp4": 0.5, "nf4": 0.5,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "float8": 1,
+    "fp8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int8": 1,
+    "int4": 0.5,
+    "fp4": 0.5,
+    "nf4": 0.5,
 }
 DEFAULT_DTYPE = "bfloat16"
 # Model families whose q/k/v projections carry a bias although the config has no

@@ -85,14 +85,23 @@ class Profile:
             "created": utc_now(),
             "run_dir": str(self.inputs.run_dir),
             "estimate": self.inputs.calls[0].measured_s is None if self.inputs.calls else True,
-            "model": {**self.hw.shape.summary(), "config": self.config_source, "dtype": self.dtype,
-                      "kv_dtype": self.kv_dtype, "weight_bytes_per_param": self.hw.weight_bytes,
-                      "kv_bytes_per_element": self.hw.kv_bytes},
+            "model": {
+                **self.hw.shape.summary(),
+                "config": self.config_source,
+                "dtype": self.dtype,
+                "kv_dtype": self.kv_dtype,
+                "weight_bytes_per_param": self.hw.weight_bytes,
+                "kv_bytes_per_element": self.hw.kv_bytes,
+            },
             "engine": self.inputs.engine,
             "stage": self.inputs.stage,
             "device": self.hw.device.to_json(),
-            "layout": {"tp": self.hw.layout.tp, "pp": self.hw.layout.pp, "dp": self.hw.layout.dp,
-                       "gpus": self.hw.layout.gpus},
+            "layout": {
+                "tp": self.hw.layout.tp,
+                "pp": self.hw.layout.pp,
+                "dp": self.hw.layout.dp,
+                "gpus": self.hw.layout.gpus,
+            },
             "inputs": dict(self.inputs.sources),
             "calls": self.calls,
             "run": self.run,
@@ -172,9 +181,18 @@ def build_profile(inputs: RunInputs, options: ProfileOptions) -> Profile:
     for call in inputs.calls:
         bound = call_bound(call, hw, engine, batch_size if isinstance(batch_size, int) else None)
         bounds.append(bound)
-        row = {"index": call.index, "turn": call.turn, "requests": len(call.requests),
-               **_row(bound, call.measured_s, call.prompt_tokens,
-                      call.cached_tokens if call.cached_reported else None, call.output_tokens)}
+        row = {
+            "index": call.index,
+            "turn": call.turn,
+            "requests": len(call.requests),
+            **_row(
+                bound,
+                call.measured_s,
+                call.prompt_tokens,
+                call.cached_tokens if call.cached_reported else None,
+                call.output_tokens,
+            ),
+        }
         rows.append(row)
         if row["efficiency"] is not None and row["efficiency"] > 1:
             warnings.append(
@@ -186,7 +204,9 @@ def build_profile(inputs: RunInputs, options: ProfileOptions) -> Profile:
     measured_total = sum(m for m in measured if m is not None) if all(m is not None for m in measured) else None
     cached_reported = all(c.cached_reported for c in inputs.calls)
     run = _row(
-        total, measured_total, sum(c.prompt_tokens for c in inputs.calls),
+        total,
+        measured_total,
+        sum(c.prompt_tokens for c in inputs.calls),
         sum(c.cached_tokens for c in inputs.calls) if cached_reported else None,
         sum(c.output_tokens for c in inputs.calls),
     )
@@ -261,8 +281,15 @@ def report_section(run_dirs: Sequence[Path], device_spec: str | None = None) -> 
                 f"| {row['index']} | {row['turn']} | {fmt_seconds(row['measured_s'])} | {fmt_seconds(row['bound_s'])} "
                 f"| {fmt_eta(row['efficiency'])} | {row['bound_by']} |"
             )
-        entries.append({"run_dir": str(path), "device": device, "calls": data["calls"], "run": data["run"],
-                        "warnings": data["warnings"]})
+        entries.append(
+            {
+                "run_dir": str(path),
+                "device": device,
+                "calls": data["calls"],
+                "run": data["run"],
+                "warnings": data["warnings"],
+            }
+        )
     if lines:
         lines = [
             "## Throughput profile",
@@ -285,27 +312,59 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(one session at a time, N client threads, other tp/pp/dp layouts).",
     )
     parser.add_argument("run", metavar="RUN_DIR")
-    parser.add_argument("--device-spec", help="h100, h200, a100, cpu, a JSON file, or FILE#NAME "
-                        "(default: cpu when the engine ran on the CPU)")
-    parser.add_argument("--model-config", help="config.json, a model folder, or a packaged name (qwen2-7b, qwen2-72b, "
-                        "llama-3.1-8b, llama-3.1-70b); default: the model in the manifest")
-    parser.add_argument("--dtype", help="weights' dtype: float32, bfloat16, fp8, int4, ... (default: the engine's, "
-                        "else the config's, else bfloat16)")
+    parser.add_argument(
+        "--device-spec",
+        help="h100, h200, a100, cpu, a JSON file, or FILE#NAME (default: cpu when the engine ran on the CPU)",
+    )
+    parser.add_argument(
+        "--model-config",
+        help="config.json, a model folder, or a packaged name (qwen2-7b, qwen2-72b, "
+        "llama-3.1-8b, llama-3.1-70b); default: the model in the manifest",
+    )
+    parser.add_argument(
+        "--dtype",
+        help="weights' dtype: float32, bfloat16, fp8, int4, ... (default: the engine's, "
+        "else the config's, else bfloat16)",
+    )
     parser.add_argument("--kv-dtype", help="KV cache dtype, e.g. fp8 for vLLM's kv_cache_dtype=fp8 (default: --dtype)")
     parser.add_argument("--layout", help="parallel layout, e.g. tp=4 or tp=2,dp=2 (default: the manifest's)")
-    parser.add_argument("--what-if", action="append", default=[], metavar="LAYOUT",
-                        help="also estimate this layout, e.g. tp=4 or dp=4 (repeatable)")
-    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS,
-                        help=f"client threads of the server what-if (default {DEFAULT_THREADS}, as upstream)")
-    parser.add_argument("--memory-utilization", type=float, default=GPU_MEMORY_UTILIZATION,
-                        help="share of device memory for weights and KV in the what-ifs (default 0.9)")
-    parser.add_argument("--estimate", action="store_true",
-                        help="no stats.json (e.g. an imported run): count tokens with --tokenizer; bounds only")
+    parser.add_argument(
+        "--what-if",
+        action="append",
+        default=[],
+        metavar="LAYOUT",
+        help="also estimate this layout, e.g. tp=4 or dp=4 (repeatable)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=DEFAULT_THREADS,
+        help=f"client threads of the server what-if (default {DEFAULT_THREADS}, as upstream)",
+    )
+    parser.add_argument(
+        "--memory-utilization",
+        type=float,
+        default=GPU_MEMORY_UTILIZATION,
+        help="share of device memory for weights and KV in the what-ifs (default 0.9)",
+    )
+    parser.add_argument(
+        "--estimate",
+        action="store_true",
+        help="no stats.json (e.g. an imported run): count tokens with --tokenizer; bounds only",
+    )
     parser.add_argument("--tokenizer", help="with --estimate: smollm2, a tokenizer folder or a cached hub id")
-    parser.add_argument("--prefix-cache", choices=PREFIX_CACHE_MODES, default="history",
-                        help="with --estimate: history = each turn reuses the previous turn's KV (default)")
-    parser.add_argument("--cache-block", type=int, default=DEFAULT_CACHE_BLOCK,
-                        help=f"with --estimate: prefix-cache block size in tokens (default {DEFAULT_CACHE_BLOCK})")
+    parser.add_argument(
+        "--prefix-cache",
+        choices=PREFIX_CACHE_MODES,
+        default="history",
+        help="with --estimate: history = each turn reuses the previous turn's KV (default)",
+    )
+    parser.add_argument(
+        "--cache-block",
+        type=int,
+        default=DEFAULT_CACHE_BLOCK,
+        help=f"with --estimate: prefix-cache block size in tokens (default {DEFAULT_CACHE_BLOCK})",
+    )
     parser.add_argument("--out", help="write profile.json and the figures here")
     parser.add_argument("--json", action="store_true", help="print the JSON instead of the table")
     parser.add_argument("--no-figures", action="store_true", help="with --out: no figures")

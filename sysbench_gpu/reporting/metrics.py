@@ -8,18 +8,22 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sysbench_gpu.benchmarks.base import get_benchmark
+from sysbench_gpu.benchmarks.registry import get_benchmark
 from sysbench_gpu.benchmarks.runs import compare_loaded, compare_runs, load_run, metrics_of, run_metrics
 
 __all__ = ["compare_runs", "register", "run_metrics"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("metrics", help="CSR, ISR, SSR and breakdowns of a judged run (MT-Eval: scores by task, category and turn)")
+    parser = subparsers.add_parser(
+        "metrics", help="CSR, ISR, SSR and breakdowns of a judged run (MT-Eval: scores by task, category and turn)"
+    )
     parser.add_argument("run_dir", help="run directory (generated and judged, or imported)")
     parser.add_argument("--json", action="store_true", help="print JSON (fractions in [0, 1])")
     parser.add_argument(
-        "--allow-partial", action="store_true", help="score what is there of an unfinished run (ungenerated or unjudged turns)"
+        "--allow-partial",
+        action="store_true",
+        help="score what is there of an unfinished run (ungenerated or unjudged turns)",
     )
     parser.add_argument("--exclude-unparsed", action="store_true", help="leave out (and count) unparsed judgments")
     parser.add_argument(
@@ -29,10 +33,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     parser.set_defaults(func=_cmd_metrics)
 
-    compare = subparsers.add_parser("compare", help="difference of runs' metrics (B - A) with CIs, paired where they share sessions")
+    compare = subparsers.add_parser(
+        "compare", help="difference of runs' metrics (B - A) with CIs, paired where they share sessions"
+    )
     compare.add_argument("run_a", help="baseline run directory")
-    compare.add_argument("run_b", nargs="+",
-                         help="run directory compared against it (MT-Eval: one or more, each against RUN_A)")
+    compare.add_argument(
+        "run_b", nargs="+", help="run directory compared against it (MT-Eval: one or more, each against RUN_A)"
+    )
     compare.add_argument("--json", action="store_true", help="print JSON")
     compare.add_argument("--allow-partial", action="store_true", help="compare runs with ungenerated or unjudged turns")
     compare.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")

@@ -13,12 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sysbench_gpu.benchmarks.base import (
-    REGISTRY,
-    ReportRequest,
-    one_benchmark,
-    run_benchmark,
-)
+from sysbench_gpu.benchmarks.base import ReportRequest
+from sysbench_gpu.benchmarks.registry import REGISTRY, one_benchmark, run_benchmark
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.plotting import parse_formats
 from sysbench_gpu.profiling.stage import report_section
@@ -55,8 +51,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples for the 95%% CIs")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    parser.add_argument("--device-spec", help="device for the throughput profile of runs with stats.json "
-                        "(h100, h200, a100, cpu or a JSON file; default: cpu for CPU runs, else none)")
+    parser.add_argument(
+        "--device-spec",
+        help="device for the throughput profile of runs with stats.json "
+        "(h100, h200, a100, cpu or a JSON file; default: cpu for CPU runs, else none)",
+    )
     parser.set_defaults(func=_cmd_report)
 
 
@@ -99,11 +98,20 @@ def _cmd_report(args: argparse.Namespace) -> int:
         profile_lines, profile_entries = report_section([Path(path) for path in args.runs], args.device_spec)
         explorer = explorer_link(args.out)
     request = ReportRequest(
-        runs=list(args.runs), labels=labels, out=Path(args.out), formats=formats, figures=not args.no_figures,
+        runs=list(args.runs),
+        labels=labels,
+        out=Path(args.out),
+        formats=formats,
+        figures=not args.no_figures,
         metric_options=_metric_options(args),
         arguments={key: value for key, value in vars(args).items() if key != "func"},
-        gt_pairs=pair_paths, sort=args.sort, data=args.data, device_spec=args.device_spec,
-        profile_lines=profile_lines, profile_entries=profile_entries, explorer=explorer,
+        gt_pairs=pair_paths,
+        sort=args.sort,
+        data=args.data,
+        device_spec=args.device_spec,
+        profile_lines=profile_lines,
+        profile_entries=profile_entries,
+        explorer=explorer,
     )
     result = benchmark.report(request)
     for warning in result.warnings:

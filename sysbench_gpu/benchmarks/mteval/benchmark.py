@@ -8,14 +8,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from sysbench_gpu.benchmarks.base import (
-    Benchmark,
-    ExploreLayout,
-    ReportRequest,
-    ReportResult,
-    TurnView,
-    register_benchmark,
-)
+from sysbench_gpu.benchmarks.base import Benchmark, ReportRequest, ReportResult
+from sysbench_gpu.benchmarks.explorer import ExploreLayout, TurnView
 from sysbench_gpu.benchmarks.judge_tasks import NEEDS_JUDGE, JudgePlan
 from sysbench_gpu.benchmarks.mteval import (
     conversation,
@@ -28,6 +22,7 @@ from sysbench_gpu.benchmarks.mteval.download import download_mteval
 from sysbench_gpu.benchmarks.mteval.judge_prompt import load_score_template
 from sysbench_gpu.benchmarks.mteval.report import report_mteval
 from sysbench_gpu.benchmarks.mteval.tasks import SCORERS
+from sysbench_gpu.benchmarks.registry import register_benchmark
 from sysbench_gpu.core.chat import ChatMessage
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.loaded_run import LoadedRun
@@ -67,8 +62,9 @@ class MTEval(Benchmark):
             return False
         return isinstance(whole, dict) and "conv" in whole
 
-    def parse(self, text: str, source: Path, *, system_message: str | None = None,
-              task: str | None = None) -> list[Session]:
+    def parse(
+        self, text: str, source: Path, *, system_message: str | None = None, task: str | None = None
+    ) -> list[Session]:
         return data.parse_dialogues(text, source=source, system_message=system_message, task=task)
 
     def serialize(self, sessions: Sequence[Session]) -> bytes:
@@ -88,8 +84,10 @@ class MTEval(Benchmark):
     def download(self, out: Path, options: Mapping[str, Any]) -> list[str]:
         tasks = options.get("tasks")
         configs = [c.strip() for c in tasks.split(",") if c.strip()] if tasks else list(data.HF_CONFIGS)
-        return [f"wrote {target} (Hugging Face dataset {data.HF_DATASET})"
-                for target in download_mteval(out, configs, revision=options.get("revision"))]
+        return [
+            f"wrote {target} (Hugging Face dataset {data.HF_DATASET})"
+            for target in download_mteval(out, configs, revision=options.get("revision"))
+        ]
 
     # -- generation ------------------------------------------------------------
     def check_generation(self, history: str, distractor_turns: int) -> None:
@@ -106,8 +104,9 @@ class MTEval(Benchmark):
     def history_replies(self, session: Session, turn: int, history: str, replies: Mapping[int, str]) -> dict[int, str]:
         return conversation.history_for_turn(session, turn, history, replies)
 
-    def messages(self, session: Session, turn: int, history: str, replies: Mapping[int, str],
-                 distractors: Sequence[Any] = ()) -> list[ChatMessage]:
+    def messages(
+        self, session: Session, turn: int, history: str, replies: Mapping[int, str], distractors: Sequence[Any] = ()
+    ) -> list[ChatMessage]:
         return conversation.conversation_for_answered_turn(session, turn, history, replies)
 
     def generation_manifest(self, sessions: Sequence[Session]) -> dict[str, Any]:
@@ -121,8 +120,10 @@ class MTEval(Benchmark):
     # -- judging ---------------------------------------------------------------
     def judge_flag_error(self, *, template: bool, score_templates: bool) -> str | None:
         if template:
-            return ("--template and --template-lang apply to SysBench runs; "
-                    "an MT-Eval run takes --mteval-template KIND=FILE")
+            return (
+                "--template and --template-lang apply to SysBench runs; "
+                "an MT-Eval run takes --mteval-template KIND=FILE"
+            )
         return None
 
     def judge_settings(self, settings: Any) -> Any:
@@ -131,13 +132,27 @@ class MTEval(Benchmark):
         builtin = scoring.builtin_score_templates()
         return dataclasses.replace(settings, score_templates={**builtin, **settings.score_templates})
 
-    def plan_judging(self, run: RunDir, sessions: Sequence[Session], generations: Mapping[Any, GenerationRecord],
-                     judged: set[tuple[int, int]], settings: Any, limit: int | None,
-                     system_ids: Any) -> JudgePlan:
+    def plan_judging(
+        self,
+        run: RunDir,
+        sessions: Sequence[Session],
+        generations: Mapping[Any, GenerationRecord],
+        judged: set[tuple[int, int]],
+        settings: Any,
+        limit: int | None,
+        system_ids: Any,
+    ) -> JudgePlan:
         """1-10 judge tasks and rule-scored records; without a judge, only rule-scored turns may be pending."""
         templates = settings.score_templates if settings is not None else scoring.builtin_score_templates()
-        plan = scoring.plan_mteval(sessions, dict(generations), judged, templates, limit,
-                                   settings.model if settings is not None else None, system_ids)
+        plan = scoring.plan_mteval(
+            sessions,
+            dict(generations),
+            judged,
+            templates,
+            limit,
+            settings.model if settings is not None else None,
+            system_ids,
+        )
         if settings is None and plan.tasks:
             tasks = ", ".join(plan.judge_tasks)
             raise SysbenchError(

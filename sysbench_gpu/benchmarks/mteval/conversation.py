@@ -11,7 +11,7 @@ The ``*_single`` files need nothing special: each dialogue is one answered turn.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from sysbench_gpu.benchmarks.mteval.data import answered_turns
 from sysbench_gpu.core.chat import ChatMessage

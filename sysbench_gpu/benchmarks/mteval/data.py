@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from sysbench_gpu.benchmarks.mteval.rules import INSTRUCTION_NAMES, check_instruction_args
 from sysbench_gpu.benchmarks.mteval.tasks import (
@@ -66,7 +67,9 @@ def parse_dialogues(
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as error:
-            raise SysbenchError(f"{source}: line {line_no}: not valid JSON at column {error.colno}: {error.msg}") from None
+            raise SysbenchError(
+                f"{source}: line {line_no}: not valid JSON at column {error.colno}: {error.msg}"
+            ) from None
         except RecursionError:
             raise SysbenchError(f"{source}: line {line_no}: JSON nested too deeply to read") from None
         if not isinstance(obj, dict):
@@ -85,7 +88,8 @@ def parse_dialogues(
         session = _parse_dialogue(obj, line_no, source, task_name, setting, system_message)
         if session.system_id in seen:
             raise SysbenchError(
-                f"{source}: line {line_no}: field 'system_id' {session.system_id} repeats line {seen[session.system_id]}"
+                f"{source}: line {line_no}: field 'system_id' {session.system_id} repeats line "
+                f"{seen[session.system_id]}"
             )
         seen[session.system_id] = line_no
         sessions.append(session)
@@ -175,7 +179,9 @@ def _parse_dialogue(
         if problem:
             raise SysbenchError(f"{loc}, field 'inst_args': {problem}")
     n_distracts = obj.get("n_distracts")
-    if n_distracts is not None and (isinstance(n_distracts, bool) or not isinstance(n_distracts, int) or n_distracts < 0):
+    if n_distracts is not None and (
+        isinstance(n_distracts, bool) or not isinstance(n_distracts, int) or n_distracts < 0
+    ):
         raise SysbenchError(f"{loc}, field 'n_distracts': should be a non-negative integer, found {n_distracts!r}")
 
     return Session(
@@ -259,8 +265,9 @@ def dialogue_to_json(session: Session) -> dict[str, Any]:
         out["inst_args"] = dict(info.inst_args)
     if info.n_distracts is not None:
         out["n_distracts"] = info.n_distracts
-    out.update(system_id=session.system_id, system_message=session.system_prompt, task=session.task,
-               setting=info.setting)
+    out.update(
+        system_id=session.system_id, system_message=session.system_prompt, task=session.task, setting=info.setting
+    )
     return out
 
 
@@ -341,5 +348,3 @@ def format_mteval_stats(stats: Mapping[str, Any], path: Path | str, sha256: str)
 
 
 # ------------------------------------------------------------------ download
-
-

@@ -1,12 +1,14 @@
-"""MT-Eval's task files fetched from the Hugging Face hub, each checked to load before it is written; offline, one line says so."""
+"""MT-Eval's task files fetched from the Hugging Face hub, each checked to load before it is written; offline, one line
+says so.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from sysbench_gpu.benchmarks.mteval.data import parse_dialogues
 from sysbench_gpu.benchmarks.mteval.tasks import (
@@ -25,7 +27,9 @@ def download_mteval(dest: Path, configs: Sequence[str] = HF_CONFIGS, revision: s
     try:
         from huggingface_hub import hf_hub_download
     except ImportError:
-        raise SysbenchError("data download --benchmark mteval needs huggingface_hub (pip install huggingface_hub)") from None
+        raise SysbenchError(
+            "data download --benchmark mteval needs huggingface_hub (pip install huggingface_hub)"
+        ) from None
     dest = Path(dest)
     written: list[Path] = []
     for config in configs:
@@ -39,7 +43,8 @@ def download_mteval(dest: Path, configs: Sequence[str] = HF_CONFIGS, revision: s
         except Exception as error:  # noqa: BLE001 - any hub failure means no file; say so in one line
             raise SysbenchError(
                 f"could not download {filename} of the Hugging Face dataset {HF_DATASET}: {_hub_reason(error)}. "
-                "Offline? Copy MT-Eval's task files from the dataset or the MT-Eval repository and pass one with --data."
+                "Offline? Copy MT-Eval's task files from the dataset or the MT-Eval repository and pass one with "
+                "--data."
             ) from None
         payload = Path(cached).read_bytes()
         parse_dialogues(payload.decode("utf-8"), source=f"{HF_DATASET}/{filename}")

@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from sysbench_gpu.benchmarks.base import ExploreLayout, TurnView
+from sysbench_gpu.benchmarks.explorer import ExploreLayout, TurnView
 from sysbench_gpu.benchmarks.mteval.judge_prompt import turn_constraints
 from sysbench_gpu.benchmarks.mteval.rules import INSTRUCTIONS, MAX_SCORE
 from sysbench_gpu.benchmarks.mteval.tasks import TASKS
@@ -60,8 +60,9 @@ def turn_view(session: Session, turn: int, judgment: JudgmentRecord | None) -> T
         return TurnView(judged=False, scale=MAX_SCORE, context=context)
     rule = judgment.extra.get("rule") if isinstance(judgment.extra, dict) else None
     by_rule = judgment.scorer not in (None, "judge")
-    scorer = f"rule {judgment.scorer}" + (f" ({rule})" if rule and rule != judgment.scorer else "") if by_rule \
-        else "judge"
+    scorer = (
+        f"rule {judgment.scorer}" + (f" ({rule})" if rule and rule != judgment.scorer else "") if by_rule else "judge"
+    )
     return TurnView(
         judged=True,
         score=float(judgment.score),
@@ -105,11 +106,32 @@ def explore_layout(metrics: Mapping[str, Any] | None) -> ExploreLayout:
         members = [task for task, entry in tasks.items() if entry.get("category") == name]
         if len(members) == 1:
             continue  # the category is its one task here: shown with the tasks
-        cells.append({"label": f"{name} (category)", "value": block.get("score"), "kind": "score",
-                      "ci": block.get("ci95"), "detail": _by_turn(block.get("by_turn"))})
+        cells.append(
+            {
+                "label": f"{name} (category)",
+                "value": block.get("score"),
+                "kind": "score",
+                "ci": block.get("ci95"),
+                "detail": _by_turn(block.get("by_turn")),
+            }
+        )
     for name, block in tasks.items():
-        cells.append({"label": name, "value": block.get("score"), "kind": "score", "ci": block.get("ci95"),
-                      "detail": _by_turn(block.get("by_turn"))})
+        cells.append(
+            {
+                "label": name,
+                "value": block.get("score"),
+                "kind": "score",
+                "ci": block.get("ci95"),
+                "detail": _by_turn(block.get("by_turn")),
+            }
+        )
     # Each task's file numbers its dialogues from 1: the task keeps dialogue 1 of two tasks apart.
-    return ExploreLayout(unit="dialogue", outcome="score", scale=MAX_SCORE, facets=FACETS, cells=tuple(cells),
-                         caption=CAPTION, scope="task")
+    return ExploreLayout(
+        unit="dialogue",
+        outcome="score",
+        scale=MAX_SCORE,
+        facets=FACETS,
+        cells=tuple(cells),
+        caption=CAPTION,
+        scope="task",
+    )

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 from sysbench_gpu.benchmarks.judge_tasks import ReplyReading
 from sysbench_gpu.benchmarks.judge_text import (
@@ -99,8 +100,10 @@ def load_score_template(kind: str, path: str | Path | None = None) -> ScoreTempl
     names = template_fields(text, name)
     unknown = sorted(set(names) - set(PLACEHOLDERS))
     if unknown:
-        raise SysbenchError(f"{name}: unknown placeholder(s) {', '.join('{' + n + '}' for n in unknown)} "
-                            f"(known: {', '.join('{' + n + '}' for n in PLACEHOLDERS)})")
+        raise SysbenchError(
+            f"{name}: unknown placeholder(s) {', '.join('{' + n + '}' for n in unknown)} "
+            f"(known: {', '.join('{' + n + '}' for n in PLACEHOLDERS)})"
+        )
     missing = [n for n in REQUIRED[kind] if n not in names]
     if missing:
         raise SysbenchError(f"{name}: a {kind} template needs {', '.join('{' + n + '}' for n in missing)}")
@@ -111,7 +114,9 @@ def load_score_template(kind: str, path: str | Path | None = None) -> ScoreTempl
 
 
 def dialogue_document(session: Session) -> str:
-    """The document of a refinement or expansion dialogue: its first ``Content: ...`` user message, minus the instruction."""
+    """The document of a refinement or expansion dialogue: its first ``Content: ...`` user message, minus the
+    instruction.
+    """
     for turn in session.turns:
         body = turn.user.lstrip()
         if body.startswith(_CONTENT_PREFIX):
@@ -146,7 +151,9 @@ def _task_type(turn_id: str) -> str:
     return parts[1] if len(parts) >= 3 else turn_id
 
 
-def follow_up_conversation(session: Session, turn_index: int, previous_reply: str | None = None) -> list[HistoryMessage]:
+def follow_up_conversation(
+    session: Session, turn_index: int, previous_reply: str | None = None
+) -> list[HistoryMessage]:
     """The exchange before a follow-up turn and the user's message.
 
     The previous assistant message is ``previous_reply`` when given, else the previous turn's
@@ -177,13 +184,21 @@ def render_score_prompt(
     if kind != template.kind:
         raise SysbenchError(f"session {session.system_id}: a {kind} dialogue, but the template is for {template.kind}")
     reply = response.strip()
-    values = {"response": reply, "num_words": str(count_words(reply)), "num_sentences": str(count_sentences(reply)),
-              "document": "", "constraints": "", "conversation": ""}
+    values = {
+        "response": reply,
+        "num_words": str(count_words(reply)),
+        "num_sentences": str(count_sentences(reply)),
+        "document": "",
+        "constraints": "",
+        "conversation": "",
+    }
     if kind == "follow-up":
         values["conversation"] = format_history(follow_up_conversation(session, turn_index, previous_reply), "en")
     else:
         values["document"] = dialogue_document(session)
-        values["constraints"] = "\n".join(f"{n}. {c.strip()}" for n, c in enumerate(turn_constraints(session, turn_index), 1))
+        values["constraints"] = "\n".join(
+            f"{n}. {c.strip()}" for n, c in enumerate(turn_constraints(session, turn_index), 1)
+        )
     return substitute(template.text, values, template.name)
 
 
@@ -306,6 +321,7 @@ class ScoreReply:
     def read(self, text: str | None) -> ReplyReading:
         scored = parse_score_reply(text)
         if scored.ok and scored.score is not None:
-            return ReplyReading(ok=True, score=float(scored.score), reasoning=scored.rationale,
-                                repaired=scored.repaired)
+            return ReplyReading(
+                ok=True, score=float(scored.score), reasoning=scored.rationale, repaired=scored.repaired
+            )
         return ReplyReading(ok=False, error=scored.error or "unparsable")

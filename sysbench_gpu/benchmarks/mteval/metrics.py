@@ -13,8 +13,9 @@ dialogues (multi vs single) are compared with independent resamples and say so.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -154,8 +155,14 @@ def stratified_index(table: DialogueTable, resamples: int, seed: int) -> np.ndar
 # ---------------------------------------------------------------- metrics
 
 
-def mteval_metrics(turns: Sequence[TurnScore], *, resamples: int = 1000, seed: int = 0,
-                   label: str | None = None, model: str | None = None) -> dict[str, Any]:
+def mteval_metrics(
+    turns: Sequence[TurnScore],
+    *,
+    resamples: int = 1000,
+    seed: int = 0,
+    label: str | None = None,
+    model: str | None = None,
+) -> dict[str, Any]:
     """All MT-Eval scores of a set of scored turns (one run, or several runs of one model)."""
     table = build_table(turns)
     index = stratified_index(table, resamples, seed)
@@ -167,15 +174,21 @@ def mteval_metrics(turns: Sequence[TurnScore], *, resamples: int = 1000, seed: i
             "ci95": percentile_ci(table.resampled(prefix, index)),
             "n_sessions": len({(t.task, t.system_id) for t in members}),
             "n_turns": len(members),
-            "by_turn": [table.point(f"{prefix}.turn.{k}") if f"{prefix}.turn.{k}" in table.ratios else None
-                        for k in range(1, max_turn + 1)],
+            "by_turn": [
+                table.point(f"{prefix}.turn.{k}") if f"{prefix}.turn.{k}" in table.ratios else None
+                for k in range(1, max_turn + 1)
+            ],
         }
 
     tasks = {}
     for task in sorted({t.task for t in turns}):
         members = [t for t in turns if t.task == task]
-        tasks[task] = {"category": TASKS[task].category, "scorer": TASKS[task].scorer,
-                       "settings": sorted({t.setting for t in members}), **block(f"task.{task}", members)}
+        tasks[task] = {
+            "category": TASKS[task].category,
+            "scorer": TASKS[task].scorer,
+            "settings": sorted({t.setting for t in members}),
+            **block(f"task.{task}", members),
+        }
     categories = {c: block(f"category.{c}", [t for t in turns if t.category == c]) for c in table.categories}
     return {
         "benchmark": "mteval",
@@ -194,8 +207,14 @@ def mteval_metrics(turns: Sequence[TurnScore], *, resamples: int = 1000, seed: i
     }
 
 
-def compare_mteval(turns_a: Sequence[TurnScore], turns_b: Sequence[TurnScore], *, resamples: int = 1000,
-                   seed: int = 0, paired: bool | None = None) -> dict[str, Any]:
+def compare_mteval(
+    turns_a: Sequence[TurnScore],
+    turns_b: Sequence[TurnScore],
+    *,
+    resamples: int = 1000,
+    seed: int = 0,
+    paired: bool | None = None,
+) -> dict[str, Any]:
     """B - A for the overall, category and task scores both runs have, with a bootstrap CI of the difference.
 
     Paired (the same resamples for both) when the runs cover exactly the same turns, e.g. model
@@ -212,25 +231,40 @@ def compare_mteval(turns_a: Sequence[TurnScore], turns_b: Sequence[TurnScore], *
     rows: dict[str, dict[str, Any]] = {}
     shared_categories = [c for c in table_a.categories if c in table_b.categories]
     if shared_categories == list(table_a.categories) == list(table_b.categories):
-        rows["overall"] = _diff(table_a.overall_point(), table_b.overall_point(),
-                                table_a.overall_resampled(index_a), table_b.overall_resampled(index_b))
+        rows["overall"] = _diff(
+            table_a.overall_point(),
+            table_b.overall_point(),
+            table_a.overall_resampled(index_a),
+            table_b.overall_resampled(index_b),
+        )
     names = [f"category.{c}" for c in shared_categories]
     names += sorted(n for n in table_a.ratios if n.startswith("task.") and ".turn." not in n and n in table_b.ratios)
     for name in names:
-        rows[name] = _diff(table_a.point(name), table_b.point(name),
-                           table_a.resampled(name, index_a), table_b.resampled(name, index_b))
+        rows[name] = _diff(
+            table_a.point(name), table_b.point(name), table_a.resampled(name, index_a), table_b.resampled(name, index_b)
+        )
     if not rows:
         raise SysbenchError("the two runs share no task or category to compare")
     return {
         "paired": paired,
         "n_sessions": {"a": len(table_a.units), "b": len(table_b.units)},
         "n_turns": {"a": len(turns_a), "b": len(turns_b)},
-        "bootstrap": {"resamples": resamples, "seed": seed, "unit": "dialogue", "stratified_by": "task",
-                      "paired": paired},
+        "bootstrap": {
+            "resamples": resamples,
+            "seed": seed,
+            "unit": "dialogue",
+            "stratified_by": "task",
+            "paired": paired,
+        },
         "metrics": rows,
     }
 
 
 def _diff(a: float | None, b: float | None, resampled_a: np.ndarray, resampled_b: np.ndarray) -> dict[str, Any]:
     diff = None if a is None or b is None else b - a
-    return {"a": a, "b": b, "diff": diff, "ci95": percentile_ci(resampled_b - resampled_a) if diff is not None else None}
+    return {
+        "a": a,
+        "b": b,
+        "diff": diff,
+        "ci95": percentile_ci(resampled_b - resampled_a) if diff is not None else None,
+    }

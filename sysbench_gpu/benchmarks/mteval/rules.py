@@ -20,8 +20,9 @@ import functools
 import json
 import re
 import string
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from sysbench_gpu.benchmarks.mteval.tasks import TASKS
 from sysbench_gpu.core.errors import SysbenchError
@@ -34,8 +35,11 @@ MAX_SCORE = 10
 
 # Words before a period that do not end a sentence (lower-case, without the period).
 _ABBREVIATIONS = frozenset(
-    "mr mrs ms dr prof sr jr st vs etc e.g i.e inc ltd co corp no fig approx dept est jan feb mar apr jun jul aug "
-    "sep sept oct nov dec u.s u.k a.m p.m ph.d".split()
+    [
+        *("mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc", "e.g", "i.e", "inc", "ltd", "co", "corp"),
+        *("no", "fig", "approx", "dept", "est", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept"),
+        *("oct", "nov", "dec", "u.s", "u.k", "a.m", "p.m", "ph.d"),
+    ]
 )
 _SENTENCE_END = re.compile(r"([.!?]+|[。！？]+)([\"'”’)\]]*)(?=\s|$)|[。！？]+")
 
@@ -94,11 +98,36 @@ def score_cls(response: str, gold: str) -> int:
 
 # Language names as the data spells them -> langdetect codes (the languages upstream offers).
 LANGUAGE_CODES: Mapping[str, str] = {
-    "English": "en", "Spanish": "es", "Portuguese": "pt", "Arabic": "ar", "Hindi": "hi", "French": "fr",
-    "Russian": "ru", "German": "de", "Japanese": "ja", "Italian": "it", "Bengali": "bn", "Ukrainian": "uk",
-    "Thai": "th", "Urdu": "ur", "Tamil": "ta", "Telugu": "te", "Bulgarian": "bg", "Korean": "ko",
-    "Polish": "pl", "Hebrew": "he", "Persian": "fa", "Vietnamese": "vi", "Nepali": "ne", "Swahili": "sw",
-    "Kannada": "kn", "Marathi": "mr", "Gujarati": "gu", "Punjabi": "pa", "Malayalam": "ml", "Finnish": "fi",
+    "English": "en",
+    "Spanish": "es",
+    "Portuguese": "pt",
+    "Arabic": "ar",
+    "Hindi": "hi",
+    "French": "fr",
+    "Russian": "ru",
+    "German": "de",
+    "Japanese": "ja",
+    "Italian": "it",
+    "Bengali": "bn",
+    "Ukrainian": "uk",
+    "Thai": "th",
+    "Urdu": "ur",
+    "Tamil": "ta",
+    "Telugu": "te",
+    "Bulgarian": "bg",
+    "Korean": "ko",
+    "Polish": "pl",
+    "Hebrew": "he",
+    "Persian": "fa",
+    "Vietnamese": "vi",
+    "Nepali": "ne",
+    "Swahili": "sw",
+    "Kannada": "kn",
+    "Marathi": "mr",
+    "Gujarati": "gu",
+    "Punjabi": "pa",
+    "Malayalam": "ml",
+    "Finnish": "fi",
 }
 SENTENCE_RELATIONS: Mapping[str, Callable[[int, int], bool]] = {
     "less than": lambda count, limit: count < limit,
@@ -211,25 +240,41 @@ INSTRUCTIONS: Mapping[str, Instruction] = {
     for i in (
         Instruction("change_case:capital_letter", _all_capitals, {}, "all cased characters are upper-case"),
         Instruction("change_case:lowercase", _all_lowercase, {}, "all cased characters are lower-case"),
-        Instruction("combination:two_responses", _two_responses, {},
-                    "exactly two different answers separated by ******"),
-        Instruction("content:placeholder", _enough_placeholders, {"num_placeholder": "int"},
-                    "at least num_placeholder [bracketed] placeholders"),
-        Instruction("format:bullet_list", _bullet_count_matches, {"num_bullets": "int"},
-                    "exactly num_bullets markdown bullets (* or -); 0: at least one"),
-        Instruction("format:constrained_response", _one_of_options, {"response_options": "strs"},
-                    "contains one of response_options"),
+        Instruction(
+            "combination:two_responses", _two_responses, {}, "exactly two different answers separated by ******"
+        ),
+        Instruction(
+            "content:placeholder",
+            _enough_placeholders,
+            {"num_placeholder": "int"},
+            "at least num_placeholder [bracketed] placeholders",
+        ),
+        Instruction(
+            "format:bullet_list",
+            _bullet_count_matches,
+            {"num_bullets": "int"},
+            "exactly num_bullets markdown bullets (* or -); 0: at least one",
+        ),
+        Instruction(
+            "format:constrained_response",
+            _one_of_options,
+            {"response_options": "strs"},
+            "contains one of response_options",
+        ),
         Instruction("format:json_format", _is_json, {}, "parses as JSON (a ```json fence allowed)"),
         Instruction("keywords:existence", _has_keywords, {"keywords": "strs"}, "contains every keyword (any case)"),
-        Instruction("language:response_language", _in_language, {"lang": "language"},
-                    "langdetect finds the language lang"),
-        Instruction("length_constraints:number_sentences", _sentence_count_matches,
-                    {"num_sentences": "int", "relation": "relation"}, "sentence count compared with num_sentences"),
+        Instruction(
+            "language:response_language", _in_language, {"lang": "language"}, "langdetect finds the language lang"
+        ),
+        Instruction(
+            "length_constraints:number_sentences",
+            _sentence_count_matches,
+            {"num_sentences": "int", "relation": "relation"},
+            "sentence count compared with num_sentences",
+        ),
         Instruction("punctuation:no_comma", _no_comma, {}, "no comma"),
-        Instruction("startend:end_phrase", _ends_with_phrase, {"end_phrase": "str"},
-                    "ends with end_phrase (any case)"),
-        Instruction("startend:start_char", _starts_with_letter, {"letter": "str"},
-                    "starts with letter (any case)"),
+        Instruction("startend:end_phrase", _ends_with_phrase, {"end_phrase": "str"}, "ends with end_phrase (any case)"),
+        Instruction("startend:start_char", _starts_with_letter, {"letter": "str"}, "starts with letter (any case)"),
         Instruction("startend:start_emoji", _starts_with_emoji, {}, "starts with an emoji"),
     )
 }
@@ -253,8 +298,10 @@ def check_instruction_args(name: str, args: Mapping[str, Any]) -> str | None:
             return f"{name} needs {key!r}"
         value = args[key]
         if not _ARG_KINDS[kind](value):
-            allowed = {"language": f" (one of {', '.join(LANGUAGE_CODES)})",
-                       "relation": f" (one of {', '.join(SENTENCE_RELATIONS)})"}.get(kind, "")
+            allowed = {
+                "language": f" (one of {', '.join(LANGUAGE_CODES)})",
+                "relation": f" (one of {', '.join(SENTENCE_RELATIONS)})",
+            }.get(kind, "")
             return f"{name}: {key} = {value!r} is not a valid {kind}{allowed}"
     return None
 

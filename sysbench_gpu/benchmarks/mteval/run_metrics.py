@@ -15,7 +15,8 @@ gold history), otherwise unpaired (multi against single) and said so.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sysbench_gpu.benchmarks.mteval.data import answered_turns
 from sysbench_gpu.benchmarks.mteval.metrics import (
@@ -57,8 +58,14 @@ def scored_turns(
 ) -> tuple[list[TurnScore], dict[str, Any]]:
     """The run's scored answered turns, and the bookkeeping of what was left out."""
     usable, kept, counts = split_turns(
-        run.sessions, run.judgments, run.expected, allow_partial, exclude_unparsed, exclude_skipped,
-        run.unfinished_stages, turns_of=answered_keys,
+        run.sessions,
+        run.judgments,
+        run.expected,
+        allow_partial,
+        exclude_unparsed,
+        exclude_skipped,
+        run.unfinished_stages,
+        turns_of=answered_keys,
     )
     unscored = sorted(key for key, record in usable.items() if record.score is None)
     if unscored:
@@ -96,8 +103,9 @@ def mteval_run_metrics(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Every MT-Eval score of one run directory, with how the run was made and what was left out."""
-    turns, bookkeeping = scored_turns(run, allow_partial=allow_partial, exclude_unparsed=exclude_unparsed,
-                                      exclude_skipped=exclude_skipped)
+    turns, bookkeeping = scored_turns(
+        run, allow_partial=allow_partial, exclude_unparsed=exclude_unparsed, exclude_skipped=exclude_skipped
+    )
     result = mteval_metrics(turns, resamples=resamples, seed=seed, label=run.label, model=run.model)
     return {**result, **run_kind(run.manifest), "settings": _settings(run), **bookkeeping}
 
@@ -144,17 +152,27 @@ def compare_mteval_runs(
         scored.append(turns)
     base = runs[0]
     columns = []
-    for run, turns in zip(runs, scored):
+    for run, turns in zip(runs, scored, strict=False):
         metrics = mteval_metrics(turns, resamples=resamples, seed=seed, label=run.label, model=run.model)
-        columns.append({"path": str(run.path), "label": run.label, "model": run.model, **run_kind(run.manifest),
-                        "settings": _settings(run),
-                        "metrics": metrics})
+        columns.append(
+            {
+                "path": str(run.path),
+                "label": run.label,
+                "model": run.model,
+                **run_kind(run.manifest),
+                "settings": _settings(run),
+                "metrics": metrics,
+            }
+        )
     comparisons = []
-    for run, turns in zip(runs[1:], scored[1:]):
+    for run, turns in zip(runs[1:], scored[1:], strict=False):
         paired = _same_dialogues(base, run) and _turn_keys(scored[0]) == _turn_keys(turns)
         result = compare_mteval(scored[0], turns, resamples=resamples, seed=seed, paired=paired)
-        reason = ("same dialogues and turns: the same dialogue resamples for both runs" if paired
-                  else "different dialogues or turns (e.g. multi against single): each run resampled on its own")
+        reason = (
+            "same dialogues and turns: the same dialogue resamples for both runs"
+            if paired
+            else "different dialogues or turns (e.g. multi against single): each run resampled on its own"
+        )
         comparisons.append({"run_a": _describe(base), "run_b": _describe(run), "pairing": reason, **result})
     return {"benchmark": "mteval", "runs": columns, "comparisons": comparisons}
 
@@ -189,14 +207,17 @@ def format_mteval_metrics(result: Mapping[str, Any]) -> str:
     partial = ""
     if result["partial"]:
         running = f", {' and '.join(result['unfinished_stages'])} still running" if result["unfinished_stages"] else ""
-        partial = (f"  (PARTIAL: {result['n_ungenerated_turns']} turns not generated, "
-                   f"{result['n_missing_turns']} not judged{running})")
+        partial = (
+            f"  (PARTIAL: {result['n_ungenerated_turns']} turns not generated, "
+            f"{result['n_missing_turns']} not judged{running})"
+        )
     excluded = f"  ({result['n_unparsed_turns']} unparsed turns excluded)" if result["excluded_unparsed"] else ""
     skipped = f"  ({result['n_skipped_turns']} skipped turns excluded)" if result["n_skipped_turns"] else ""
     lines = [
         f"run {result['label']}  model {result['model']}  (MT-Eval, {result['history']} history, "
         f"{'/'.join(result['settings']) or '?'})",
-        f"{result['n_sessions']} dialogues, {result['n_turns']} answered turns; scores 0-10{partial}{excluded}{skipped}",
+        f"{result['n_sessions']} dialogues, {result['n_turns']} answered turns; scores "
+        f"0-10{partial}{excluded}{skipped}",
         "",
         f"{'':<34}{'score':>6}  95% CI (dialogue bootstrap, {result['bootstrap']['resamples']} resamples)",
     ]
@@ -204,8 +225,10 @@ def format_mteval_metrics(result: Mapping[str, Any]) -> str:
     mark = "" if result["leaderboard_complete"] else " *"
     lines.append(f"{'overall (mean of categories)' + mark:<34}{_score(result['overall'])}{_ci(result['overall_ci95'])}")
     for name, block in result["categories"].items():
-        lines.append(f"{'category ' + name:<34}{_score(block['score'])}{_ci(block['ci95'])}"
-                     f"   {block['n_sessions']} dialogues, {block['n_turns']} turns")
+        lines.append(
+            f"{'category ' + name:<34}{_score(block['score'])}{_ci(block['ci95'])}"
+            f"   {block['n_sessions']} dialogues, {block['n_turns']} turns"
+        )
     for name, block in result["tasks"].items():
         lines.append(f"{'task ' + name:<34}{_score(block['score'])}{_ci(block['ci95'])}   scorer {block['scorer']}")
     lines += ["", "by answered turn"]
@@ -220,11 +243,13 @@ def format_mteval_comparison(result: Mapping[str, Any]) -> str:
     """Runs side by side (scores), then each run minus the first with its CI and whether it is paired."""
     columns = [(run["label"], run["metrics"]) for run in result["runs"]]
     comparisons = [(f"{c['run_b']['label']} - {c['run_a']['label']}", c) for c in result["comparisons"]]
-    lines = [f"{chr(65 + i)} = {run['label']} ({run['path']}; {run['history']} history, "
-             f"{'/'.join(run['settings'])})" for i, run in enumerate(result["runs"])]
+    lines = [
+        f"{chr(65 + i)} = {run['label']} ({run['path']}; {run['history']} history, {'/'.join(run['settings'])})"
+        for i, run in enumerate(result["runs"])
+    ]
     for comparison in result["comparisons"]:
         kind = "paired" if comparison["paired"] else "UNPAIRED"
-        lines.append(f"{comparison['run_b']['label']} against {comparison['run_a']['label']}: {kind} "
-                     f"({comparison['pairing']})")
+        lines.append(
+            f"{comparison['run_b']['label']} against {comparison['run_a']['label']}: {kind} ({comparison['pairing']})"
+        )
     return "\n".join(lines + ["", side_by_side_markdown(columns, comparisons)])
-

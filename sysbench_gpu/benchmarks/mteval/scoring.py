@@ -15,7 +15,7 @@ A turn without a response is recorded ``skipped``. Context turns are never score
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from sysbench_gpu.benchmarks.judge_tasks import (
     JudgePlan,
@@ -86,14 +86,24 @@ def plan_mteval(
                 skipped.append(skipped_record(record, model, template.sha256 if template else None, info.scorer))
             elif template is not None:
                 prompt = render_score_prompt(template, session, turn.index, record.response)
-                tasks.append(JudgeTask(session.system_id, turn.index, prompt, (), template.sha256, template.kind,
-                                   reply=ScoreReply()))
+                tasks.append(
+                    JudgeTask(
+                        session.system_id, turn.index, prompt, (), template.sha256, template.kind, reply=ScoreReply()
+                    )
+                )
             else:
                 ruled.append(rule_record(session, turn.index, record.response))
     asked = {task.system_id for task in tasks}
     needing = tuple(sorted({s.task for s in chosen if s.task and s.system_id in asked}))
-    return JudgePlan(tasks=tasks, skipped=skipped, already_judged=pending.already, not_generated=pending.not_generated,
-                     ruled=ruled, benchmark=BENCHMARK, judge_tasks=needing)
+    return JudgePlan(
+        tasks=tasks,
+        skipped=skipped,
+        already_judged=pending.already,
+        not_generated=pending.not_generated,
+        ruled=ruled,
+        benchmark=BENCHMARK,
+        judge_tasks=needing,
+    )
 
 
 def rule_record(session: Session, turn_index: int, response: str) -> JudgmentRecord:

@@ -2,22 +2,49 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sysbench_gpu.benchmarks.mteval.tasks import CATEGORIES
 
 LEADERBOARD_COLUMNS = ("average", *CATEGORIES)
-_TITLES = {"average": "Average", "recollection": "Recollection", "expansion": "Expansion",
-           "refinement": "Refinement", "follow-up": "Follow-up"}
+_TITLES = {
+    "average": "Average",
+    "recollection": "Recollection",
+    "expansion": "Expansion",
+    "refinement": "Refinement",
+    "follow-up": "Follow-up",
+}
 # MT-Eval's published multi-turn leaderboard (paper, Table 2), for context next to a run.
 PUBLISHED_LEADERBOARD: Mapping[str, Mapping[str, float]] = {
-    "GPT-4 (published)": {"average": 9.03, "recollection": 9.61, "expansion": 9.07, "refinement": 7.85, "follow-up": 9.60},
-    "GPT-3.5-Turbo (published)": {"average": 7.72, "recollection": 6.90, "expansion": 7.87, "refinement": 6.92,
-                                  "follow-up": 9.21},
-    "Mistral-Instruct-7B (published)": {"average": 7.46, "recollection": 7.22, "expansion": 6.98,
-                                        "refinement": 6.58, "follow-up": 9.05},
-    "Llama-2-chat-7B (published)": {"average": 6.11, "recollection": 3.86, "expansion": 5.87, "refinement": 6.20,
-                                    "follow-up": 8.53},
+    "GPT-4 (published)": {
+        "average": 9.03,
+        "recollection": 9.61,
+        "expansion": 9.07,
+        "refinement": 7.85,
+        "follow-up": 9.60,
+    },
+    "GPT-3.5-Turbo (published)": {
+        "average": 7.72,
+        "recollection": 6.90,
+        "expansion": 7.87,
+        "refinement": 6.92,
+        "follow-up": 9.21,
+    },
+    "Mistral-Instruct-7B (published)": {
+        "average": 7.46,
+        "recollection": 7.22,
+        "expansion": 6.98,
+        "refinement": 6.58,
+        "follow-up": 9.05,
+    },
+    "Llama-2-chat-7B (published)": {
+        "average": 6.11,
+        "recollection": 3.86,
+        "expansion": 5.87,
+        "refinement": 6.20,
+        "follow-up": 8.53,
+    },
 }
 
 
@@ -93,8 +120,11 @@ def side_by_side_markdown(
                 ci = row["ci95"]
                 cells.append(f"{row['diff']:+.2f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else ""))
         lines.append(f"| {name.replace('.', ': ', 1)} | " + " | ".join(cells) + " |")
-    notes = [f"{label}: {'paired' if c['paired'] else 'unpaired (different dialogues)'} dialogue bootstrap, "
-             f"{c['bootstrap']['resamples']} resamples" for label, c in comparisons]
+    notes = [
+        f"{label}: {'paired' if c['paired'] else 'unpaired (different dialogues)'} dialogue bootstrap, "
+        f"{c['bootstrap']['resamples']} resamples"
+        for label, c in comparisons
+    ]
     return "\n".join(lines + ([""] + notes if notes else []))
 
 

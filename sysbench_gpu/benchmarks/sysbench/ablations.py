@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from sysbench_gpu.core.ablation_files import DEFAULT_DISTRACTOR_SEED, Exchange
 from sysbench_gpu.core.chat import ChatMessage
@@ -55,7 +55,10 @@ def distractor_pool(sessions: Sequence[Session]) -> dict[int, list[Exchange]]:
 def choose_distractors(
     pool: Mapping[int, Sequence[Exchange]], system_id: int, count: int, seed: int = DEFAULT_DISTRACTOR_SEED
 ) -> tuple[Exchange, ...]:
-    """``count`` exchanges from ``count`` sessions other than ``system_id``; deterministic in (seed, system_id, count)."""
+    """``count`` exchanges from ``count`` sessions other than ``system_id``.
+
+    Deterministic in (seed, system_id, count).
+    """
     if count < 0:
         raise SysbenchError(f"--distractor-turns must be 0 or more, got {count}")
     if count == 0:
@@ -63,7 +66,8 @@ def choose_distractors(
     others = sorted(sid for sid in pool if sid != system_id)
     if len(others) < count:
         raise SysbenchError(
-            f"--distractor-turns {count} needs {count} other sessions with a reference reply; the data has {len(others)}"
+            f"--distractor-turns {count} needs {count} other sessions with a reference reply; the data has "
+            f"{len(others)}"
         )
     rng = random.Random(_derived_seed(seed, system_id, count))
     return tuple(rng.choice(list(pool[sid])) for sid in rng.sample(others, count))
@@ -104,5 +108,3 @@ def ablation_conversation(
 
 
 # ------------------------------------------------------------------ distractors.json
-
-

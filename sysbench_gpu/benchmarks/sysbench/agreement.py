@@ -25,10 +25,11 @@ from __future__ import annotations
 import json
 import tempfile
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from sysbench_gpu.benchmarks.base import load_run_sessions
+from sysbench_gpu.benchmarks.registry import load_run_sessions
 from sysbench_gpu.benchmarks.runs import run_metrics
 from sysbench_gpu.benchmarks.sysbench.data import TYPE_ORDER
 from sysbench_gpu.benchmarks.sysbench.schema import session_to_upstream
@@ -160,7 +161,9 @@ def _judge_name(judgments: dict, keys: Sequence[tuple[int, int]]) -> str | None:
 # ----------------------------------------------------------------------------- metrics effect
 
 
-def _metrics_effect(run_a: RunDir, run_b: RunDir, sessions: dict[int, Session], usable: set[tuple[int, int]]) -> dict[str, Any]:
+def _metrics_effect(
+    run_a: RunDir, run_b: RunDir, sessions: dict[int, Session], usable: set[tuple[int, int]]
+) -> dict[str, Any]:
     """CSR / ISR / SSR of both runs on the sessions whose every turn both have usable verdicts for."""
     full = [s for s in sessions.values() if all((s.system_id, t.index) in usable for t in s.turns)]
     if not full:
@@ -231,18 +234,23 @@ def format_report(report: dict[str, Any]) -> str:
         f" only in A {report['turns_only_in_a']}, only in B {report['turns_only_in_b']})",
         "",
         f"{'':12} {'n':>6} {'agree':>7} {'yes-agree':>9} {'kappa':>7}",
-        f"{'constraints':12} {c['n']:>6} {_fmt(c['raw_agreement']):>7} {_fmt(c['yes_agreement']):>9} {_fmt(c['kappa_yes'], False):>7}",
+        f"{'constraints':12} {c['n']:>6} {_fmt(c['raw_agreement']):>7} {_fmt(c['yes_agreement']):>9} "
+        f"{_fmt(c['kappa_yes'], False):>7}",
     ]
     for name, block in report["by_type"].items():
         lines.append(
             f"{'  ' + name:12} {block['n']:>6} {_fmt(block['raw_agreement']):>7} {_fmt(block['yes_agreement']):>9} "
             f"{_fmt(block['kappa_yes'], False):>7}"
         )
-    lines.append(f"{'turns (pass)':12} {t['n']:>6} {_fmt(t['pass_agreement']):>7} {'':>9} {_fmt(t['kappa_pass'], False):>7}")
+    lines.append(
+        f"{'turns (pass)':12} {t['n']:>6} {_fmt(t['pass_agreement']):>7} {'':>9} {_fmt(t['kappa_pass'], False):>7}"
+    )
     m = report["metrics"]
     lines.append("")
     if "a" in m:
-        lines.append(f"metrics on {m['sessions']} session(s) with usable verdicts for every turn in both:  A -> B (B - A)")
+        lines.append(
+            f"metrics on {m['sessions']} session(s) with usable verdicts for every turn in both:  A -> B (B - A)"
+        )
         for name in ("csr", "isr", "ssr"):
             a, b, d = m["a"][name], m["b"][name], m["b_minus_a"][name]
             delta = "n/a" if d is None else f"{100 * d:+.1f} pts"

@@ -7,15 +7,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from sysbench_gpu.benchmarks.base import (
-    Benchmark,
-    ExploreLayout,
-    ReportRequest,
-    ReportResult,
-    TurnView,
-    register_benchmark,
-)
+from sysbench_gpu.benchmarks.base import Benchmark, ReportRequest, ReportResult
+from sysbench_gpu.benchmarks.explorer import ExploreLayout, TurnView
 from sysbench_gpu.benchmarks.judge_tasks import NEEDS_JUDGE, JudgePlan
+from sysbench_gpu.benchmarks.registry import register_benchmark
 from sysbench_gpu.benchmarks.sysbench import (
     ablations,
     agreement,
@@ -54,8 +49,9 @@ class SysBench(Benchmark):
     def claims(self, text: str) -> bool:
         return data.claims_text(text)
 
-    def parse(self, text: str, source: Path, *, system_message: str | None = None,
-              task: str | None = None) -> list[Session]:
+    def parse(
+        self, text: str, source: Path, *, system_message: str | None = None, task: str | None = None
+    ) -> list[Session]:
         return data.parse_text(text, source, system_message=system_message, task=task)
 
     def serialize(self, sessions: Sequence[Session]) -> bytes:
@@ -88,8 +84,9 @@ class SysBench(Benchmark):
     def distractor_pool(self, sessions: Sequence[Session]) -> Mapping[int, Sequence[Any]]:
         return ablations.distractor_pool(sessions)
 
-    def choose_distractors(self, pool: Mapping[int, Sequence[Any]], session: Session, count: int,
-                           seed: int) -> tuple[Any, ...]:
+    def choose_distractors(
+        self, pool: Mapping[int, Sequence[Any]], session: Session, count: int, seed: int
+    ) -> tuple[Any, ...]:
         return ablations.choose_distractors(pool, session.system_id, count, seed)
 
     def history_replies(self, session: Session, turn: int, history: str, replies: Mapping[int, str]) -> dict[int, str]:
@@ -99,8 +96,9 @@ class SysBench(Benchmark):
             return {}
         return {index: replies[index] for index in range(1, turn)}
 
-    def messages(self, session: Session, turn: int, history: str, replies: Mapping[int, str],
-                 distractors: Sequence[Any] = ()) -> list[ChatMessage]:
+    def messages(
+        self, session: Session, turn: int, history: str, replies: Mapping[int, str], distractors: Sequence[Any] = ()
+    ) -> list[ChatMessage]:
         return ablations.ablation_conversation(
             session,
             turn,
@@ -118,14 +116,27 @@ class SysBench(Benchmark):
             return "--mteval-template applies to MT-Eval runs; a SysBench run takes --template"
         return None
 
-    def plan_judging(self, run: RunDir, sessions: Sequence[Session], generations: Mapping[Any, GenerationRecord],
-                     judged: set[tuple[int, int]], settings: Any, limit: int | None,
-                     system_ids: Any) -> JudgePlan:
+    def plan_judging(
+        self,
+        run: RunDir,
+        sessions: Sequence[Session],
+        generations: Mapping[Any, GenerationRecord],
+        judged: set[tuple[int, int]],
+        settings: Any,
+        limit: int | None,
+        system_ids: Any,
+    ) -> JudgePlan:
         if settings is None:
             raise SysbenchError(f"judge needs {NEEDS_JUDGE} (a SysBench run is judged against its checklists)")
         plan = judge_plan.plan_judging(
-            sessions, dict(generations), judged, settings.template, limit, settings.model,
-            judge_plan.imported_history_mode(run), system_ids,
+            sessions,
+            dict(generations),
+            judged,
+            settings.template,
+            limit,
+            settings.model,
+            judge_plan.imported_history_mode(run),
+            system_ids,
             run_history=judge_plan.generated_history_mode(run.read_manifest()),
         )
         plan.template_sha256 = settings.template.sha256

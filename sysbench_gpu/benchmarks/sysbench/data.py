@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from sysbench_gpu.core import jsonio
 from sysbench_gpu.core.errors import SysbenchError, where
@@ -80,8 +81,9 @@ def parse_text(text: str, source: Path, *, system_message: str | None = None, ta
         option = "--system-message" if system_message is not None else "--task"
         raise SysbenchError(f"{source}: {option} applies to MT-Eval files only; SysBench sessions carry their own")
     raw = jsonio.loads(text, source)
-    if isinstance(raw, dict) or (raw and isinstance(raw, list) and isinstance(raw[0], dict)
-                                 and "conv" in raw[0] and "prompt_infos" not in raw[0]):
+    if isinstance(raw, dict) or (
+        raw and isinstance(raw, list) and isinstance(raw[0], dict) and "conv" in raw[0] and "prompt_infos" not in raw[0]
+    ):
         raise SysbenchError(
             f"{source}: neither a SysBench file (a JSON array of sessions with 'prompt_infos') nor an MT-Eval "
             "file (JSON Lines, one dialogue object with a 'conv' list per line)"
@@ -150,7 +152,9 @@ def _parse_session(item: Any, position: int, source: Path | str) -> Session:
                 raise SysbenchError(f"{where(source, system_id, turn_no, 'messages')}: {role} message has no 'content'")
         user = user_msg["content"]
         if not isinstance(user, str) or not user:
-            raise SysbenchError(f"{where(source, system_id, turn_no, 'messages')}: user content must be a non-empty string")
+            raise SysbenchError(
+                f"{where(source, system_id, turn_no, 'messages')}: user content must be a non-empty string"
+            )
         reference = assistant_msg["content"]
         if reference is not None and not isinstance(reference, str):
             raise SysbenchError(
@@ -159,8 +163,7 @@ def _parse_session(item: Any, position: int, source: Path | str) -> Session:
         info = prompt_infos.get(user)
         if info is None:
             raise SysbenchError(
-                f"{where(source, system_id, turn_no, 'prompt_infos')}: no entry for the user message "
-                f"{_preview(user)}"
+                f"{where(source, system_id, turn_no, 'prompt_infos')}: no entry for the user message {_preview(user)}"
             )
         turns.append(_parse_turn(info, turn_no, user, reference, source, system_id))
     return Session(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sysbench_gpu.benchmarks.base import ExploreLayout, TurnView
+from sysbench_gpu.benchmarks.explorer import ExploreLayout, TurnView
 from sysbench_gpu.benchmarks.sysbench.data import TYPE_ORDER
 from sysbench_gpu.core.records import JudgmentRecord
 from sysbench_gpu.core.sessions import Session
@@ -95,5 +95,6 @@ def explore_layout(metrics: Mapping[str, Any] | None) -> ExploreLayout:
         rate("ISR aligned", align.get("aligned")),
         rate("ISR misaligned", align.get("misaligned")),
     )
-    return ExploreLayout(unit="session", outcome="checklist", kinds=TYPE_ORDER, facets=FACETS, cells=cells,
-                         caption=CAPTION)
+    return ExploreLayout(
+        unit="session", outcome="checklist", kinds=TYPE_ORDER, facets=FACETS, cells=cells, caption=CAPTION
+    )

@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 import warnings
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from sysbench_gpu.benchmarks.sysbench.data import TYPE_ORDER
 from sysbench_gpu.core.plotting import Drawn, _panel_grid, _pyplot, _save, _style_cycle
@@ -72,7 +73,7 @@ def plot_dataset_distribution(sessions: Sequence[Session], base: Path, formats: 
         par = [by_domain[d] - dependent[d] for d in domains]
         ax_domain.barh(y, dep, color="#4C72B0", label="multi-turn dependent")
         ax_domain.barh(y, par, left=dep, color="#DD8452", label="multi-turn parallel")
-        for yi, d in zip(y, domains):
+        for yi, d in zip(y, domains, strict=False):
             ax_domain.text(by_domain[d] + 0.5, yi, str(by_domain[d]), va="center", fontsize=8)
         ax_domain.set_yticks(list(y))
         ax_domain.set_yticklabels(domains, fontsize=9)
@@ -85,12 +86,16 @@ def plot_dataset_distribution(sessions: Sequence[Session], base: Path, formats: 
         types = [t for t in TYPE_ORDER if by_type.get(t)] or list(TYPE_ORDER)
         counts = [by_type.get(t, 0) for t in types]
         bars = ax_type.bar(range(len(types)), counts, color=plt.get_cmap("Set2")(range(len(types))))
-        for bar, count in zip(bars, counts):
+        for bar, count in zip(bars, counts, strict=False):
             share = 100.0 * count / n_constraints if n_constraints else 0.0
             ax_type.annotate(
                 f"{count}\n({share:.1f}%)",
                 (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                xytext=(0, 2),
+                textcoords="offset points",
             )
         ax_type.set_xticks(range(len(types)))
         ax_type.set_xticklabels([t.capitalize() for t in types], rotation=30, ha="right")
@@ -130,8 +135,8 @@ def plot_radar_csr_by_type(
         ax.set_theta_direction(-1)
         styles = _style_cycle(len(labels))
         fill = len(labels) <= 4  # filled areas only stay readable for a few runs
-        for label, row, style in zip(labels, values, styles):
-            points = [(a, v) for a, v in zip(angles, row) if v is not None]
+        for label, row, style in zip(labels, values, styles, strict=False):
+            points = [(a, v) for a, v in zip(angles, row, strict=False) if v is not None]
             if not points:
                 continue
             closed = points + points[:1] if len(points) == n_axes else points
@@ -150,13 +155,24 @@ def plot_radar_csr_by_type(
         label_angle = math.pi / n_axes
         for tick in ticks:
             ax.text(
-                label_angle, tick, f"{tick}%", fontsize=8, color="#333333", ha="center", va="center", zorder=10,
+                label_angle,
+                tick,
+                f"{tick}%",
+                fontsize=8,
+                color="#333333",
+                ha="center",
+                va="center",
+                zorder=10,
                 bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1},
             )
         ax.set_title("CSR by constraint type", pad=24, fontsize=13)
         ax.legend(
-            loc="center left", bbox_to_anchor=(1.12, 0.5), fontsize=9, frameon=False,
-            ncol=1 if len(labels) <= 16 else 2, title="run",
+            loc="center left",
+            bbox_to_anchor=(1.12, 0.5),
+            fontsize=9,
+            frameon=False,
+            ncol=1 if len(labels) <= 16 else 2,
+            title="run",
         )
         return _save(plt, fig, base, formats, caught)
 
@@ -181,20 +197,30 @@ def plot_gt_history_gain(
         warnings.simplefilter("always")
         fig, axes = _panel_grid(plt, len(labels))
         width = 0.38
-        for ax, label, by_group in zip(axes, labels, gains_by_group):
+        for ax, label, by_group in zip(axes, labels, gains_by_group, strict=False):
             n_turns = max((len(v) for v in by_group.values()), default=5)
             turns = list(range(1, n_turns + 1))
             for offset, group in ((-width / 2, "dependent"), (width / 2, "parallel")):
                 values = list(by_group.get(group) or [])
                 heights = [0.0 if v is None else v for v in values]
-                ax.bar([t + offset for t in turns[: len(heights)]], heights, width=width * 0.95,
-                       color=GROUP_COLORS[group], label=f"{GROUP_NAMES[group]} sessions")
+                ax.bar(
+                    [t + offset for t in turns[: len(heights)]],
+                    heights,
+                    width=width * 0.95,
+                    color=GROUP_COLORS[group],
+                    label=f"{GROUP_NAMES[group]} sessions",
+                )
                 first = values[0] if values else None
                 if first is not None:
                     band = abs(first)
                     for sign in (1, -1):
-                        ax.axhline(sign * band, color=GROUP_COLORS[group], linestyle="--" if group == "dependent" else ":",
-                                   linewidth=1.3, label=f"±|ΔT1| {group}" if sign == 1 else None)
+                        ax.axhline(
+                            sign * band,
+                            color=GROUP_COLORS[group],
+                            linestyle="--" if group == "dependent" else ":",
+                            linewidth=1.3,
+                            label=f"±|ΔT1| {group}" if sign == 1 else None,
+                        )
             ax.axhline(0.0, color="black", linewidth=0.8)
             ax.set_xticks(turns)
             ax.set_xticklabels([f"T{t}" for t in turns])
@@ -207,10 +233,20 @@ def plot_gt_history_gain(
         handles, names = axes[0].get_legend_handles_labels() if axes else ([], [])
         # Bars (the gains) first, then their noise lines.
         order = sorted(range(len(names)), key=lambda i: (names[i].startswith("±"), i))
-        fig.legend([handles[i] for i in order], [names[i] for i in order], loc="lower center", ncol=4, fontsize=9,
-                   frameon=False, bbox_to_anchor=(0.5, 0.0))
-        fig.suptitle("ISR gain per turn with ground-truth history instead of the model's own\n"
-                     "dashed lines: ±|ΔT1|, the turn-1 gain (turn 1 has no history, so it is noise)", fontsize=11)
+        fig.legend(
+            [handles[i] for i in order],
+            [names[i] for i in order],
+            loc="lower center",
+            ncol=4,
+            fontsize=9,
+            frameon=False,
+            bbox_to_anchor=(0.5, 0.0),
+        )
+        fig.suptitle(
+            "ISR gain per turn with ground-truth history instead of the model's own\n"
+            "dashed lines: ±|ΔT1|, the turn-1 gain (turn 1 has no history, so it is noise)",
+            fontsize=11,
+        )
         fig.tight_layout(rect=(0, 0.5 / fig.get_figheight(), 1, 1))  # room for the legend below
         return _save(plt, fig, base, formats, caught)
 
@@ -240,7 +276,7 @@ def plot_history_ablation_isr(
         values = [v for _, lines in panels for _, _, row in lines for v in row if v is not None]
         low = max(0.0, math.floor((min(values, default=0.0) - 5.0) / 10.0) * 10.0)
         legend: dict[str, Any] = {}
-        for ax, (model, lines) in zip(axes, panels):
+        for ax, (model, lines) in zip(axes, panels, strict=False):
             distractors = [name for name, key, _ in lines if key == "distractor"]
             for name, key, row in lines:
                 style = dict(KIND_STYLES.get(key, KIND_STYLES["model"]))
@@ -250,8 +286,9 @@ def plot_history_ablation_isr(
                 points = [(t, v) for t, v in enumerate(row, start=1) if v is not None]
                 if not points:
                     continue
-                (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], linewidth=1.8, markersize=5,
-                                  label=name, **style)
+                (line,) = ax.plot(
+                    [p[0] for p in points], [p[1] for p in points], linewidth=1.8, markersize=5, label=name, **style
+                )
                 legend.setdefault(name, line)
             n_turns = max((len(row) for _, _, row in lines), default=5)
             ax.set_xticks(range(1, n_turns + 1))
@@ -262,10 +299,15 @@ def plot_history_ablation_isr(
             ax.spines[["top", "right"]].set_visible(False)
         for ax in axes[:: max(1, min(3, len(axes)))]:
             ax.set_ylabel("ISR (%)")
-        fig.legend(list(legend.values()), list(legend.keys()), loc="lower center", ncol=min(5, max(1, len(legend))),
-                   fontsize=9, frameon=False, bbox_to_anchor=(0.5, 0.0))
+        fig.legend(
+            list(legend.values()),
+            list(legend.keys()),
+            loc="lower center",
+            ncol=min(5, max(1, len(legend))),
+            fontsize=9,
+            frameon=False,
+            bbox_to_anchor=(0.5, 0.0),
+        )
         fig.suptitle("ISR per turn under history ablations", fontsize=11)
         fig.tight_layout(rect=(0, 0.5 / fig.get_figheight(), 1, 1))  # room for the legend below
         return _save(plt, fig, base, formats, caught)
-
-

@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from sysbench_gpu.benchmarks.judge_tasks import ReplyReading
 from sysbench_gpu.benchmarks.judge_text import balanced_objects, repair
@@ -212,5 +213,10 @@ class ChecklistReply:
 
     def read(self, text: str | None) -> ReplyReading:
         parsed = parse_reply(text, self.constraints)
-        return ReplyReading(ok=parsed.ok, verdicts=parsed.verdicts, reasoning=parsed.reasoning, error=parsed.error,
-                            repaired=parsed.repaired)
+        return ReplyReading(
+            ok=parsed.ok,
+            verdicts=parsed.verdicts,
+            reasoning=parsed.reasoning,
+            error=parsed.error,
+            repaired=parsed.repaired,
+        )

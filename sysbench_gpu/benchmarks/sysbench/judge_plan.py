@@ -9,7 +9,8 @@ the references (``--history reference``), or nothing for a single-turn run.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sysbench_gpu.benchmarks.judge_tasks import (
     JudgePlan,
@@ -78,10 +79,23 @@ def plan_judging(
                 mode = SINGLE_TURN
             history = build_history(session, turn.index, generations, mode)
             prompt = render_prompt(template, session, turn.index, history, record.response)
-            tasks.append(JudgeTask(session.system_id, turn.index, prompt, turn.constraints, template.sha256,
-                                   reply=ChecklistReply(turn.constraints, template.language)))
-    return JudgePlan(tasks=tasks, skipped=skipped, already_judged=pending.already, not_generated=pending.not_generated,
-                     benchmark="sysbench")
+            tasks.append(
+                JudgeTask(
+                    session.system_id,
+                    turn.index,
+                    prompt,
+                    turn.constraints,
+                    template.sha256,
+                    reply=ChecklistReply(turn.constraints, template.language),
+                )
+            )
+    return JudgePlan(
+        tasks=tasks,
+        skipped=skipped,
+        already_judged=pending.already,
+        not_generated=pending.not_generated,
+        benchmark="sysbench",
+    )
 
 
 def imported_history_mode(run: RunDir) -> str:

@@ -17,10 +17,11 @@ reasoning field and one verdict per checklist number. The wording is our own.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from sysbench_gpu.benchmarks.judge_text import (
     HistoryMessage,

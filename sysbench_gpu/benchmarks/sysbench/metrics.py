@@ -19,8 +19,9 @@ evaluates all metrics of all resamples with a few numpy reductions.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -98,9 +99,7 @@ def score_turn(session: Session, turn_index: int, judgment: JudgmentRecord) -> T
 
 def ratio_names() -> list[str]:
     return (
-        list(HEADLINE)
-        + [f"csr_by_type.{t}" for t in TYPE_ORDER]
-        + [f"isr_by_alignment.{a}" for a in ALIGNMENT_ORDER]
+        list(HEADLINE) + [f"csr_by_type.{t}" for t in TYPE_ORDER] + [f"isr_by_alignment.{a}" for a in ALIGNMENT_ORDER]
     )
 
 
@@ -120,8 +119,13 @@ def build_table(sessions: Sequence[Session], scores: Mapping[Key, TurnScore]) ->
             if score is None:
                 continue
             _add(columns, "csr", row, score.satisfied, score.n_constraints)
-            _add(columns, "csr_macro", row, score.satisfied / score.n_constraints if score.n_constraints else 0.0,
-                 1 if score.n_constraints else 0)
+            _add(
+                columns,
+                "csr_macro",
+                row,
+                score.satisfied / score.n_constraints if score.n_constraints else 0.0,
+                1 if score.n_constraints else 0,
+            )
             _add(columns, "isr", row, score.passed, 1)
             _add(columns, f"isr_by_alignment.{score.alignment}", row, score.passed, 1)
             for kind, count in score.constraints_by_type.items():
@@ -193,8 +197,7 @@ def compute_metrics(
         "n_constraints_by_type": by_type_n,
         "isr_by_alignment": {a: table.point(f"isr_by_alignment.{a}") for a in ALIGNMENT_ORDER},
         "isr_by_group": {
-            group: _isr_breakdown([s for s in turn_scores if group_of[s.system_id] == group])
-            for group in GROUP_ORDER
+            group: _isr_breakdown([s for s in turn_scores if group_of[s.system_id] == group]) for group in GROUP_ORDER
         },
         "rounds": {
             **{group: _rounds(table, np.array([g == group for g in table.groups])) for group in GROUP_ORDER},
@@ -249,8 +252,9 @@ def _isr_by_round(turns: Sequence[TurnScore], n_rounds: int) -> list[float | Non
 
 def _isr_breakdown(turns: Sequence[TurnScore]) -> dict[str, float | None]:
     result = {
-        alignment: _ratio(sum(t.passed for t in turns if t.alignment == alignment),
-                          sum(1 for t in turns if t.alignment == alignment))
+        alignment: _ratio(
+            sum(t.passed for t in turns if t.alignment == alignment), sum(1 for t in turns if t.alignment == alignment)
+        )
         for alignment in ALIGNMENT_ORDER
     }
     result["all"] = _ratio(sum(t.passed for t in turns), len(turns))
@@ -316,8 +320,9 @@ def sysbench_run_metrics(loaded: LoadedRun, **options: Any) -> dict[str, Any]:
     )
 
 
-def compare_sysbench(runs: Sequence[LoadedRun], *, resamples: int = 1000, seed: int = 0,
-                     allow_partial: bool = False) -> dict[str, Any]:
+def compare_sysbench(
+    runs: Sequence[LoadedRun], *, resamples: int = 1000, seed: int = 0, allow_partial: bool = False
+) -> dict[str, Any]:
     """Paired difference B - A per headline metric, with a paired session bootstrap CI."""
     a, b = runs
     _check_same_coverage(a, b)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sysbench_gpu.benchmarks.sysbench.data import GROUP_ORDER, TYPE_ORDER
 
@@ -21,17 +22,23 @@ def format_metrics(result: Mapping[str, Any]) -> str:
     lines = [
         f"run {result['label']}  model {result['model']}",
         f"{result['n_sessions']} sessions, {result['n_turns']} turns, {result['n_constraints']} constraints"
-        + (f"  (PARTIAL: {result['n_ungenerated_turns']} turns not generated, {result['n_missing_turns']} not judged"
-           + (f", {' and '.join(result['unfinished_stages'])} still running" if result["unfinished_stages"] else "")
-           + ")" if result["partial"] else "")
+        + (
+            f"  (PARTIAL: {result['n_ungenerated_turns']} turns not generated, {result['n_missing_turns']} not judged"
+            + (f", {' and '.join(result['unfinished_stages'])} still running" if result["unfinished_stages"] else "")
+            + ")"
+            if result["partial"]
+            else ""
+        )
         + (f"  ({result['n_unparsed_turns']} unparsed turns excluded)" if result["excluded_unparsed"] else "")
         + (f"  ({result['n_skipped_turns']} skipped turns excluded)" if result["n_skipped_turns"] else ""),
         "",
         f"{'metric':<22}{'%':>6}  95% CI (session bootstrap, {result['bootstrap']['resamples']} resamples)",
     ]
     for name in HEADLINE:
-        lines.append(f"{name.upper() if name != 'csr_macro' else 'CSR (Eq. 1 macro)':<22}{_pct(result[name])}"
-                     f"{_ci(result['ci95'].get(name))}")
+        lines.append(
+            f"{name.upper() if name != 'csr_macro' else 'CSR (Eq. 1 macro)':<22}{_pct(result[name])}"
+            f"{_ci(result['ci95'].get(name))}"
+        )
     lines += ["", "CSR by constraint type"]
     for kind in TYPE_ORDER:
         lines.append(f"  {kind:<20}{_pct(result['csr_by_type'][kind])}   n={result['n_constraints_by_type'][kind]}")
@@ -70,5 +77,3 @@ def format_comparison(result: Mapping[str, Any]) -> str:
         diff = "     - " if row["diff"] is None else f"{100 * row['diff']:+7.1f}"
         lines.append(f"{name:<30}{_pct(row['a']):>7}{_pct(row['b']):>7}{diff:>9}{_ci(row['ci95'])}")
     return "\n".join(lines)
-
-

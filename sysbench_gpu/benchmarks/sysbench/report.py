@@ -27,18 +27,15 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from tqdm import tqdm
 
 from sysbench_gpu import __version__
-from sysbench_gpu.benchmarks.base import (
-    ReportRequest,
-    ReportResult,
-    load_dataset,
-    load_run_sessions,
-)
+from sysbench_gpu.benchmarks.base import ReportRequest, ReportResult
+from sysbench_gpu.benchmarks.registry import load_dataset, load_run_sessions
 from sysbench_gpu.benchmarks.sysbench import figures as figs  # matplotlib is imported inside its functions
 from sysbench_gpu.benchmarks.sysbench.data import TYPE_ORDER
 from sysbench_gpu.benchmarks.sysbench.report_ablations import (
@@ -80,12 +77,6 @@ from sysbench_gpu.core.tables import (  # noqa: F401
 )
 
 # ---------------------------------------------------------------- the report
-
-
-
-
-
-
 
 
 def write_report(
@@ -166,7 +157,9 @@ def write_report(
             figure_paths["fig_gt_history_gain"] = drawn.paths
             warnings += drawn.warnings
         if groups:
-            drawn = figs.plot_history_ablation_isr(ablation_panels(groups), out_dir / "fig_history_ablation_isr", formats)
+            drawn = figs.plot_history_ablation_isr(
+                ablation_panels(groups), out_dir / "fig_history_ablation_isr", formats
+            )
             figure_paths["fig_history_ablation_isr"] = drawn.paths
             warnings += drawn.warnings
 
@@ -245,8 +238,17 @@ def _report_markdown(
     ]
     for run in runs:
         m = run.metrics
-        counts = [m.get(key, "?") for key in ("n_sessions", "n_turns", "n_constraints", "n_other_verdicts",
-                                              "n_unparsed_turns", "n_missing_turns")]
+        counts = [
+            m.get(key, "?")
+            for key in (
+                "n_sessions",
+                "n_turns",
+                "n_constraints",
+                "n_other_verdicts",
+                "n_unparsed_turns",
+                "n_missing_turns",
+            )
+        ]
         out.append(
             f"| {escape_markdown(run.label)} | {escape_markdown(run.model or '?')} | `{run.path}` | "
             + " | ".join(str(c) for c in counts)
@@ -353,10 +355,10 @@ def report_sysbench(request: ReportRequest) -> ReportResult:
         if key not in cache:
             cache[key] = load_run(path, **options)
     runs = []
-    for path, label in zip(request.runs, request.labels):
+    for path, label in zip(request.runs, request.labels, strict=False):
         summary = cache[Path(path).resolve()]
         runs.append(_relabel(summary, label) if label else summary)
-    runs = [_relabel(run, label) for run, label in zip(runs, unique_labels([r.label for r in runs]))]
+    runs = [_relabel(run, label) for run, label in zip(runs, unique_labels([r.label for r in runs]), strict=False)]
     runs = sort_runs(runs, request.sort)
     # A pair is named after its base run, with the label that run got in the tables if it is one.
     shown = {run.path.resolve(): run.label for run in runs}
@@ -369,7 +371,7 @@ def report_sysbench(request: ReportRequest) -> ReportResult:
         for gt, base in request.gt_pairs
     ]
     pair_labels = unique_labels([pair.label for pair in pairs])
-    pairs = [dataclasses.replace(pair, label=label) for pair, label in zip(pairs, pair_labels)]
+    pairs = [dataclasses.replace(pair, label=label) for pair, label in zip(pairs, pair_labels, strict=False)]
 
     sessions = None
     source = None
@@ -381,9 +383,18 @@ def report_sysbench(request: ReportRequest) -> ReportResult:
             first = RunDir(request.runs[0])
             sessions, source = load_run_sessions(first), str(first.sessions_path)
     return write_report(
-        runs, request.out, pairs, sessions=sessions, sessions_source=source, formats=request.formats,
-        figures=request.figures, options=options, arguments=request.arguments,
-        profile_lines=request.profile_lines, profile_entries=request.profile_entries, explorer=request.explorer,
+        runs,
+        request.out,
+        pairs,
+        sessions=sessions,
+        sessions_source=source,
+        formats=request.formats,
+        figures=request.figures,
+        options=options,
+        arguments=request.arguments,
+        profile_lines=request.profile_lines,
+        profile_entries=request.profile_entries,
+        explorer=request.explorer,
     )
 
 

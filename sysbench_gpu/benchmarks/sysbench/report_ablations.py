@@ -12,8 +12,9 @@ model's panel. A report of ordinary runs with ``--gt-pair`` only is unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from sysbench_gpu.benchmarks.sysbench.data import GROUP_ORDER
 from sysbench_gpu.benchmarks.sysbench.report_runs import N_TURNS, GtPair, RunSummary, as_sequence
@@ -104,8 +105,10 @@ def ablation_groups(runs: Sequence[RunSummary], pairs: Sequence[GtPair] = ()) ->
         kind = run_kind(run.manifest)
         by_kind = members.setdefault(_model_of(run), {})
         if kind in by_kind:
-            warnings.append(f"history ablation of {_model_of(run)}: {run.label} and {by_kind[kind].label} are both "
-                            f"{kind.name} runs; the figure shows {by_kind[kind].label}")
+            warnings.append(
+                f"history ablation of {_model_of(run)}: {run.label} and {by_kind[kind].label} are both "
+                f"{kind.name} runs; the figure shows {by_kind[kind].label}"
+            )
             continue
         by_kind[kind] = run
     groups = [
@@ -119,8 +122,13 @@ def ablation_groups(runs: Sequence[RunSummary], pairs: Sequence[GtPair] = ()) ->
 def ablation_panels(groups: Sequence[ModelAblation]) -> list[tuple[str, list[tuple[str, str, list[float | None]]]]]:
     """What figures.plot_history_ablation_isr draws: per model, ISR per turn (%) of each kind."""
     return [
-        (group.model, [(kind.name, kind.style, [pct(v) for v in as_sequence(run.metrics.get("isr_by_round"))])
-                       for kind, run in group.members])
+        (
+            group.model,
+            [
+                (kind.name, kind.style, [pct(v) for v in as_sequence(run.metrics.get("isr_by_round"))])
+                for kind, run in group.members
+            ],
+        )
         for group in groups
     ]
 
@@ -130,7 +138,9 @@ def table_history_ablation(groups: Sequence[ModelAblation]) -> Table:
     for group in groups:
         for kind, run in group.members:
             per_turn = [pct(v) for v in as_sequence(run.metrics.get("isr_by_round"))]
-            rows.append((f"{group.model}: {kind.name}", per_turn + [pct(run.metrics.get("isr")), pct(run.metrics.get("ssr"))]))
+            rows.append(
+                (f"{group.model}: {kind.name}", per_turn + [pct(run.metrics.get("isr")), pct(run.metrics.get("ssr"))])
+            )
     return Table(
         name="table_history_ablation",
         title="History ablations: ISR per turn",
@@ -151,7 +161,7 @@ def gains_by_group(pair: GtPair) -> dict[str, list[float | None]]:
     out: dict[str, list[float | None]] = {}
     for group in GROUP_ORDER:
         values = []
-        for g, b in zip(as_sequence(gt.get(group)), as_sequence(base.get(group))):
+        for g, b in zip(as_sequence(gt.get(group)), as_sequence(base.get(group)), strict=False):
             g, b = _num(g), _num(b)
             values.append(None if g is None or b is None else 100.0 * (g - b))
         out[group] = values

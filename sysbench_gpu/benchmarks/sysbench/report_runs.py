@@ -10,11 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
-from sysbench_gpu.benchmarks.base import load_run_sessions
+from sysbench_gpu.benchmarks.registry import load_run_sessions
 from sysbench_gpu.benchmarks.runs import run_metrics
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.rundir import RunDir
@@ -172,7 +173,9 @@ def dataset_warnings(runs: Sequence[RunSummary]) -> list[str]:
         )
     partial = [run.label for run in runs if run.metrics.get("partial")]
     if partial:
-        warnings.append(f"partial runs (turns not generated or not judged, or a stage still running): {', '.join(partial)}")
+        warnings.append(
+            f"partial runs (turns not generated or not judged, or a stage still running): {', '.join(partial)}"
+        )
     return warnings
 
 
@@ -207,15 +210,12 @@ def as_sequence(value: Any, n: int = N_TURNS) -> list[float | None]:
     return [values[i] if i < len(values) else None for i in range(n)]
 
 
-
-
-
 def isr_gain_by_turn(gt_metrics: Mapping[str, Any], base_metrics: Mapping[str, Any]) -> list[float | None]:
     """Per-turn ISR of the GT-history run minus that of the base run, in percentage points."""
     gt = as_sequence(gt_metrics.get("isr_by_round"))
     base = as_sequence(base_metrics.get("isr_by_round"))
     gains: list[float | None] = []
-    for g, b in zip(gt, base):
+    for g, b in zip(gt, base, strict=False):
         g, b = _num(g), _num(b)
         gains.append(None if g is None or b is None else 100.0 * (g - b))
     return gains
@@ -224,5 +224,3 @@ def isr_gain_by_turn(gt_metrics: Mapping[str, Any], base_metrics: Mapping[str, A
 def _diff_points(a: Any, b: Any) -> float | None:
     a, b = _num(a), _num(b)
     return None if a is None or b is None else 100.0 * (a - b)
-
-

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from sysbench_gpu.benchmarks.sysbench.data import (
     ALIGNMENT_ORDER,
@@ -140,5 +140,3 @@ def sort_runs(runs: Sequence[RunSummary], key: str) -> list[RunSummary]:
 
 
 # ---------------------------------------------------------------- rendering
-
-

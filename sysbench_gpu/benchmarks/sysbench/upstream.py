@@ -41,7 +41,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from sysbench_gpu.benchmarks.base import load_dataset, save_run_sessions
+from sysbench_gpu.benchmarks.registry import load_dataset, save_run_sessions
 from sysbench_gpu.benchmarks.sysbench.upstream_records import (
     UPSTREAM_JUDGE,
     Anomalies,
@@ -202,7 +202,9 @@ def _existing_import(out: Path, sha256: str | None) -> ImportResult | None:
         raise SysbenchError(f"{out}: exists and is not a directory")
     if not any(out.iterdir()):
         return None
-    section = RunDir(out).read_manifest().get("stages", {}).get("import", {}) if (out / "manifest.json").is_file() else {}
+    section = (
+        RunDir(out).read_manifest().get("stages", {}).get("import", {}) if (out / "manifest.json").is_file() else {}
+    )
     if sha256 is not None and section.get("workbook_sha256") == sha256:
         return ImportResult(
             run_dir=out,

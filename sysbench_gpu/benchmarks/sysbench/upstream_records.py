@@ -1,12 +1,15 @@
-"""A published workbook's rows as sessions and records: checklists parsed from text, verdict lines matched to them, the shifted-reference anomaly, and the check against the benchmark file."""
+"""A published workbook's rows as sessions and records: checklists parsed from text, verdict lines matched to them, the
+shifted-reference anomaly, and the check against the benchmark file.
+"""
 
 from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from sysbench_gpu.benchmarks.sysbench.data import BENCHMARK, CONSTRAINT_TYPES, parse_sessions
 from sysbench_gpu.benchmarks.sysbench.schema import session_to_upstream
@@ -40,7 +43,7 @@ def parse_checklist(text: str, loc: str) -> tuple[Constraint, ...]:
             not items or (int(match.group(1)) > items[-1][0] and _ends_with_type("\n".join(items[-1][1])))
         )
         if starts_item:
-            items.append((int(match.group(1)), [line[match.end():]]))
+            items.append((int(match.group(1)), [line[match.end() :]]))
         elif items:
             items[-1][1].append(line)
         elif line.strip():
@@ -174,7 +177,7 @@ def _check_round_trip(sessions: Sequence[Session], source: Path) -> None:
     # The snapshot is written in upstream's schema (prompt_infos keyed by user text):
     # make sure it reads back to the very same sessions, e.g. no two turns share a text.
     reread = parse_sessions([session_to_upstream(s) for s in sessions], source=source)
-    for before, after in zip(sessions, reread):
+    for before, after in zip(sessions, reread, strict=False):
         if before != after:
             raise SysbenchError(
                 f"{source}: {where(None, before.system_id)}: cannot be written in upstream's schema "
@@ -207,13 +210,14 @@ def _compare_session(mine: Session, theirs: Session, workbook: Path, data: Path)
             raise differs(None, name, getattr(mine, name), getattr(theirs, name))
     if len(mine.turns) != len(theirs.turns):
         raise differs(None, "turns", len(mine.turns), len(theirs.turns))
-    for ours, other in zip(mine.turns, theirs.turns):
+    for ours, other in zip(mine.turns, theirs.turns, strict=False):
         for name in ("user", "alignment"):
             if getattr(ours, name) != getattr(other, name):
                 raise differs(ours.index, name, getattr(ours, name), getattr(other, name))
         if ours.constraints != other.constraints:
             mismatched = next(
-                (a.id for a, b in zip(ours.constraints, other.constraints) if a != b), len(other.constraints)
+                (a.id for a, b in zip(ours.constraints, other.constraints, strict=False) if a != b),
+                len(other.constraints),
             )
             raise differs(ours.index, f"criteria {mismatched}", ours.constraints, other.constraints)
         if ours.reference is not None and other.reference is not None and ours.reference != other.reference:
