@@ -21,7 +21,7 @@ from sysbench_gpu.benchmarks.mteval import (
 from sysbench_gpu.benchmarks.mteval.download import download_mteval
 from sysbench_gpu.benchmarks.mteval.judge_prompt import load_score_template
 from sysbench_gpu.benchmarks.mteval.report import report_mteval
-from sysbench_gpu.benchmarks.mteval.tasks import SCORERS
+from sysbench_gpu.benchmarks.mteval.tasks import BENCHMARK, HF_CONFIGS, HF_DATASET, SCORERS
 from sysbench_gpu.benchmarks.registry import register_benchmark
 from sysbench_gpu.core.chat import ChatMessage
 from sysbench_gpu.core.errors import SysbenchError
@@ -35,7 +35,7 @@ from sysbench_gpu.core.sessions import Dataset, Session
 class MTEval(Benchmark):
     """Multi-turn instruction following: refinement, expansion, follow-up and recollection, scored 0-10."""
 
-    name: ClassVar[str] = data.BENCHMARK
+    name: ClassVar[str] = BENCHMARK
     title: ClassVar[str] = "MT-Eval"
     history_modes: ClassVar[tuple[str, ...]] = conversation.HISTORY_MODES
     call_unit: ClassVar[str] = "answered turn"
@@ -83,9 +83,9 @@ class MTEval(Benchmark):
 
     def download(self, out: Path, options: Mapping[str, Any]) -> list[str]:
         tasks = options.get("tasks")
-        configs = [c.strip() for c in tasks.split(",") if c.strip()] if tasks else list(data.HF_CONFIGS)
+        configs = [c.strip() for c in tasks.split(",") if c.strip()] if tasks else list(HF_CONFIGS)
         return [
-            f"wrote {target} (Hugging Face dataset {data.HF_DATASET})"
+            f"wrote {target} (Hugging Face dataset {HF_DATASET})"
             for target in download_mteval(out, configs, revision=options.get("revision"))
         ]
 
