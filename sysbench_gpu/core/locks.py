@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -36,6 +37,7 @@ from sysbench_gpu.core.jsonl import same_file
 log = logging.getLogger(__name__)
 
 _ATTEMPTS = 5  # re-opens when a releasing holder unlinked the file under us
+_HOLDER_READS, _HOLDER_PAUSE_S = 40, 0.05  # a busy lock's holder is named within 2 s of locking
 
 
 @dataclass(frozen=True)
@@ -114,9 +116,10 @@ class StageLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as error:
-                holder = _read_holder(fd)
+                busy = error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+                holder = _wait_for_holder(fd) if busy else None
                 os.close(fd)
-                if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                if busy:
                     raise StageBusy(self.directory, self.stage, holder) from None
                 raise SysbenchError(f"{self.path}: cannot lock ({_reason(error)})") from None
             if not same_file(fd, self.path):
@@ -181,6 +184,16 @@ def _write_holder(fd: int, stage: str) -> None:
     holder = LockHolder(pid=os.getpid(), host=socket.gethostname(), started=started, stage=stage)
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(asdict(holder)).encode("utf-8"), 0)
+
+
+def _wait_for_holder(fd: int, attempts: int = _HOLDER_READS, pause_s: float = _HOLDER_PAUSE_S) -> LockHolder | None:
+    """The holder of a busy lock; it writes its name just after locking, so an empty file is read again briefly."""
+    for attempt in range(attempts):
+        holder = _read_holder(fd)
+        if holder is not None or attempt == attempts - 1:
+            return holder
+        time.sleep(pause_s)
+    return None
 
 
 def _read_holder(fd: int) -> LockHolder | None:
