@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,16 @@ def _num(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return None if math.isnan(number) else number
+
+
+def unique_labels(labels: Sequence[str]) -> list[str]:
+    """Labels made unique by numbering repeats: ``a, a`` -> ``a, a (2)``."""
+    seen: dict[str, int] = {}
+    result = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        result.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
+    return result
 
 
 @dataclass

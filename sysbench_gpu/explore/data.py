@@ -36,6 +36,7 @@ from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.records import GenerationRecord, JudgmentRecord
 from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.core.sessions import Session
+from sysbench_gpu.core.tables import unique_labels as unique_table_labels
 
 Key = tuple[int, int]  # (system_id, turn): a record of one run
 SessionKey = tuple[str, str, int]  # (benchmark name, scope or "", system_id): a session of the site
@@ -185,17 +186,7 @@ def site_title(views: Sequence[RunView]) -> str:
     return f"{' + '.join(titles)} explorer: " + ", ".join(view.label for view in views)
 
 
-def distinct_labels(labels: Sequence[str]) -> list[str]:
-    """Labels made unique by numbering repeats: ``a, a`` -> ``a, a (2)``."""
-    seen: dict[str, int] = {}
-    result = []
-    for label in labels:
-        seen[label] = seen.get(label, 0) + 1
-        result.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
-    return result
-
-
 def unique_labels(views: Sequence[RunView]) -> list[RunView]:
     """Runs with distinct labels (``name``, ``name (2)``, ...), in the given order."""
-    labels = distinct_labels([view.label for view in views])
+    labels = unique_table_labels([view.label for view in views])
     return [dataclasses.replace(view, label=label) for view, label in zip(views, labels, strict=True)]

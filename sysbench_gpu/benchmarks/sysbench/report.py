@@ -45,14 +45,7 @@ from sysbench_gpu.benchmarks.sysbench.report_ablations import (
     run_kind,
     table_history_ablation,
 )
-from sysbench_gpu.benchmarks.sysbench.report_runs import (
-    GtPair,
-    RunSummary,
-    _diff_points,
-    dataset_warnings,
-    load_run,
-    unique_labels,
-)
+from sysbench_gpu.benchmarks.sysbench.report_runs import GtPair, RunSummary, _diff_points, dataset_warnings, load_run
 from sysbench_gpu.benchmarks.sysbench.report_tables import (  # noqa: F401
     SORT_KEYS,
     build_tables,
@@ -74,6 +67,7 @@ from sysbench_gpu.core.tables import (  # noqa: F401
     pct,
     render_latex,
     render_markdown,
+    unique_labels,
 )
 
 # ---------------------------------------------------------------- the report

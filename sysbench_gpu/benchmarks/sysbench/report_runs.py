@@ -179,16 +179,6 @@ def dataset_warnings(runs: Sequence[RunSummary]) -> list[str]:
     return warnings
 
 
-def unique_labels(labels: Sequence[str]) -> list[str]:
-    """Labels made unique by numbering repeats: ``a, a`` -> ``a, a (2)``."""
-    seen: dict[str, int] = {}
-    result = []
-    for label in labels:
-        seen[label] = seen.get(label, 0) + 1
-        result.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
-    return result
-
-
 # ---------------------------------------------------------------- metric access
 
 
