@@ -21,10 +21,8 @@ from sysbench_gpu.benchmarks.mteval.tables import (
     leaderboard_row,
 )
 from sysbench_gpu.benchmarks.mteval.tasks import CATEGORIES, TASKS
-from sysbench_gpu.benchmarks.registry import load_run_sessions
 from sysbench_gpu.benchmarks.runs import load_run as load_run_dir
 from sysbench_gpu.core.errors import SysbenchError
-from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.core.tables import (
     Table,
 )
@@ -39,15 +37,6 @@ _TITLES = {
     "refinement": "Refinement",
     "follow-up": "Follow-up",
 }
-
-
-def is_mteval_run(path: str | Path) -> bool:
-    """Whether the run directory holds MT-Eval dialogues (read from its sessions snapshot)."""
-    run = RunDir(path).require()
-    if not run.sessions_path.is_file():
-        return False
-    sessions = load_run_sessions(run)
-    return bool(sessions) and sessions[0].benchmark == "mteval"
 
 
 @dataclass(frozen=True)
