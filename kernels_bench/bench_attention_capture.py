@@ -16,7 +16,10 @@ Plain, capture (and fallback) are timed interleaved, alternating their order on 
 repeat, after one untimed warm-up each; medians are reported. Peak memory is read in one
 further pass per run, apart from the timed ones (``interleaved`` says why). Eager is timed after them
 and skipped where one layer's heads x T x T scores and probabilities would exceed
-``--eager-max-gib``. Peak extra memory: ``torch.cuda.max_memory_allocated`` of the device
+``--eager-max-gib``. That guard is an estimate: each row gives it (``eager_estimate_mib``) beside
+the measured peak of eager beyond a plain forward (``eager_extra_peak_mib``), and an eager run
+that still runs out of memory is recorded in ``eager_status`` instead of ending the benchmark.
+Peak extra memory: ``torch.cuda.max_memory_allocated`` of the device
 in use above its pre-forward allocation on CUDA; on the CPU the peak RSS (VmHWM, reset
 through /proc/self/clear_refs after malloc_trim) above the pre-forward RSS.
 
@@ -38,12 +41,13 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -258,41 +262,70 @@ def interleaved(runs: dict[str, Callable[[], None]], device: str, repeats: int) 
 # ----------------------------------------------------------------- eager at the selected layers
 
 
+@contextlib.contextmanager
+def registered_attention(name: str, function: Callable[..., Any], mask_like: str = "sdpa") -> Iterator[None]:
+    """``function`` as transformers' attention implementation ``name`` for one block, always removed after it.
+
+    transformers' registries are process-wide (``register`` writes the class's ``_global_mapping``):
+    an entry left behind keeps its closure (and the model it holds) alive, and a later run
+    that registers nothing would pick up the stale function.
+    """
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    registries = (ALL_ATTENTION_FUNCTIONS, ALL_MASK_ATTENTION_FUNCTIONS)
+    before = [(registry._global_mapping.get(name), registry._local_mapping.get(name)) for registry in registries]
+    ALL_ATTENTION_FUNCTIONS.register(name, function)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[mask_like])
+    try:
+        yield
+    finally:
+        for registry, (global_entry, local_entry) in zip(registries, before, strict=True):
+            for mapping, entry in ((registry._global_mapping, global_entry), (registry._local_mapping, local_entry)):
+                if entry is None:
+                    mapping.pop(name, None)
+                else:
+                    mapping[name] = entry
+
+
 class EagerAtLayers:
     """Switch ``model`` to an attention function that runs eager (probabilities materialized) at ``layers``
-    and SDPA elsewhere.
+    and SDPA elsewhere, for one ``with`` block.
 
     The eager layers use the model file's ``eager_attention_forward`` with an additive mask
     (the SDPA mask, or the causal one where SDPA had none), so their probabilities are what
     ``output_attentions=True`` returns. ``shares[layer]`` holds the per-head span shares.
+    On leaving, the model is back on SDPA and transformers' registries hold no entry of ours.
     """
 
     def __init__(self, model: Any, layers: list[int], spans: list[tuple[int, int]]) -> None:
         self.model, self.layers, self.spans = model, set(layers), spans
         self.shares: dict[int, torch.Tensor] = {}
+        self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> EagerAtLayers:
-        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
         sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
-        owner = self
+        layers, spans, shares = self.layers, self.spans, self.shares  # the closure holds these, not the model
 
         def attention(module, query, key, value, attention_mask, **kwargs):
-            if getattr(module, "layer_idx", None) not in owner.layers:
+            if getattr(module, "layer_idx", None) not in layers:
                 return sdpa(module, query, key, value, attention_mask, **kwargs)
             eager = sys.modules[type(module).__module__].eager_attention_forward
             output, weights = eager(module, query, key, value, _additive(attention_mask, query), **kwargs)
-            owner.shares[module.layer_idx] = eager_reference_shares(weights, owner.spans)
+            shares[module.layer_idx] = eager_reference_shares(weights, spans)
             return output, None
 
-        ALL_ATTENTION_FUNCTIONS.register(EAGER_BENCH_IMPL, attention)
-        ALL_MASK_ATTENTION_FUNCTIONS.register(EAGER_BENCH_IMPL, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["sdpa"])
-        self.model.set_attn_implementation(EAGER_BENCH_IMPL)
+        with contextlib.ExitStack() as stack:  # undone at once if switching the model fails
+            stack.enter_context(registered_attention(EAGER_BENCH_IMPL, attention))
+            self.model.set_attn_implementation(EAGER_BENCH_IMPL)
+            stack.callback(self.model.set_attn_implementation, "sdpa")
+            self._stack = stack.pop_all()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.model.set_attn_implementation("sdpa")
+        self._stack.close()
 
 
 def _additive(mask: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor:
@@ -384,21 +417,38 @@ def measure(
             )
         # One layer's scores and probabilities at a time: what eager holds at its peak beyond a plain forward.
         eager_bytes = 2 * heads * length * length * element
-        row["eager_layer_bytes"] = eager_bytes
-        if eager and eager_bytes <= eager_max_gib * (1 << 30):
+        row.update(
+            eager_layer_bytes=eager_bytes,
+            eager_estimate_mib=mib(eager_bytes),
+            eager_extra_peak_mib=None,
+            eager_peak_source=peak_source(device),
+            eager_status="not run (eager=False)",
+        )
+        if eager and eager_bytes > eager_max_gib * (1 << 30):
+            row["eager_status"] = (
+                f"skipped: estimate {eager_bytes / (1 << 30):.2f} GiB > eager_max_gib {eager_max_gib:g}"
+            )
+        elif eager:
             reference: dict[int, torch.Tensor] = {}
 
             def run_eager(ids: Any = ids, spans: Any = spans, reference: dict[int, torch.Tensor] = reference) -> None:
-                with EagerAtLayers(model, layers, spans) as eager_run, torch.inference_mode():
-                    model(input_ids=ids, use_cache=False, logits_to_keep=1)
-                reference.update(eager_run.shares)
+                reference.update(eager_forward(model, ids, layers, spans))
 
-            ((t_eager, m_eager),) = interleaved({"eager": run_eager}, device, repeats).values()
+            try:
+                ((t_eager, m_eager),) = interleaved({"eager": run_eager}, device, repeats).values()
+            except torch.OutOfMemoryError as error:  # the guard's estimate was too low: record it, go on
+                row["eager_status"] = f"eager: out of memory at T={length} ({str(error).splitlines()[0][:200]})"
+                release_memory(device)
+                rows.append(row)
+                continue
             capture_with("auto", per_head=True)()  # untimed: per-head values for the comparison
             diffs = [_diff(captured["auto"][layer], reference[layer]) for layer in layers]
             row.update(
+                eager_status="measured",
                 eager_s=t_eager,
                 eager_peak_mib=mib(m_eager),
+                # Measured against the guard: eager's peak beyond a plain forward's.
+                eager_extra_peak_mib=mib(m_eager - m_plain),
                 eager_over_capture_time=t_eager / t_cap,
                 eager_over_capture_memory=(m_eager / m_cap) if m_cap > 0 else None,
                 max_abs_diff_vs_eager=max(d[0] for d in diffs),
@@ -410,6 +460,27 @@ def measure(
                 row["fallback_max_abs_diff_per_head_vs_eager"] = max(d[1] for d in fallback_diffs)
         rows.append(row)
     return rows
+
+
+def eager_forward(model: Any, ids: Any, layers: list[int], spans: list[tuple[int, int]]) -> dict[int, torch.Tensor]:
+    """One forward with eager attention at ``layers``: their per-head span shares."""
+    with EagerAtLayers(model, layers, spans) as eager_run, torch.inference_mode():
+        model(input_ids=ids, use_cache=False, logits_to_keep=1)
+    return eager_run.shares
+
+
+def peak_source(device: str) -> str:
+    """What the peak-memory fields measure on ``device`` (see ``PeakMemory``)."""
+    if torch.device(device).type == "cuda":
+        return "torch.cuda.max_memory_allocated above the allocation before the forward"
+    return "peak RSS (VmHWM) above the RSS before the forward"
+
+
+def release_memory(device: str) -> None:
+    """Give back what a failed run left in the caching allocator before the next length."""
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _diff(shares: Any, eager_per_head: torch.Tensor) -> tuple[float, float]:

@@ -197,14 +197,38 @@ def load_measure(reference: str) -> Callable[..., list[dict[str, Any]]]:
     return function
 
 
+def visible_devices_for(device: str, visible: str | None) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` for a child that should see only ``device`` (None: leave it as it is).
+
+    ``cuda:N`` counts among the GPUs this process sees, so it picks the N-th entry of an
+    existing ``CUDA_VISIBLE_DEVICES`` (an index or a ``GPU-...``/``MIG-...`` UUID, passed on as
+    written), not physical GPU N.
+    """
+    if ":" not in device:
+        return None
+    index_text = device.split(":", 1)[1]
+    if not index_text.isdigit():
+        raise SystemExit(f"gpu_check: --device {device!r} is not cuda:N")
+    index = int(index_text)
+    if visible is None:
+        return str(index)
+    entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
+    if index >= len(entries):
+        raise SystemExit(
+            f"gpu_check: --device {device}: CUDA_VISIBLE_DEVICES={visible!r} makes only {len(entries)} GPU(s) visible"
+        )
+    return entries[index]
+
+
 def run_gpu_tests(device: str) -> dict[str, Any]:
     """``pytest -m gpu`` in a subprocess on CUDA; on a CPU device the tests are reported as skipped."""
     if not device.startswith("cuda"):
         return {"status": "skipped", "reason": f"device {device}: the gpu-marked tests need CUDA"}
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    if ":" in device:
-        env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+    visible = visible_devices_for(device, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
     started = time.perf_counter()
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"],

@@ -12,16 +12,12 @@ import argparse
 import importlib
 import logging
 import sys
+import traceback
 from collections.abc import Sequence
 
 from sysbench_gpu import __version__
 from sysbench_gpu.core.errors import SysbenchError
-from sysbench_gpu.core.redact import (
-    install_log_redaction,
-    redact,
-    register_secret_env,
-    register_url_secrets,
-)
+from sysbench_gpu.core.redact import Secrets, install_log_redaction
 
 # Order is the order in `--help`: the pipeline, then the side stage.
 STAGE_MODULES = (
@@ -30,6 +26,7 @@ STAGE_MODULES = (
     "sysbench_gpu.judging.cli",
     "sysbench_gpu.reporting.metrics",
     "sysbench_gpu.reporting.report",
+    "sysbench_gpu.arena.cli",
     "sysbench_gpu.benchmarks.sysbench.upstream",
     "sysbench_gpu.attention.stage",
     "sysbench_gpu.profiling.stage",
@@ -58,17 +55,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    # Secrets named on the command line are known before anything can log or fail.
-    register_secret_env(getattr(args, "api_key_env", None) or "OPENAI_API_KEY")
-    register_url_secrets(getattr(args, "base_url", None))
-    install_log_redaction()
+    # The secrets this command can meet are known before anything can log or fail; stages
+    # get them as ``args.secrets`` and pass them to whatever talks to a server.
+    secrets = Secrets.gather(getattr(args, "api_key_env", None) or "OPENAI_API_KEY", getattr(args, "base_url", None))
+    args.secrets = secrets
+    install_log_redaction(secrets)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
         result = args.func(args)
     except SysbenchError as error:
-        print(f"error: {' '.join(redact(str(error)).splitlines())}", file=sys.stderr)
+        print(f"error: {' '.join(secrets.scrub(str(error)).splitlines())}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         # Output piped into `head` and friends: not an error of ours.
@@ -77,4 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: finished records are kept; rerun the same command to resume", file=sys.stderr)
         return 130
+    except Exception:  # noqa: BLE001 (a bug of ours: its traceback, scrubbed, since its text may echo a server)
+        print(secrets.scrub(traceback.format_exc()), end="", file=sys.stderr)
+        return 1
     return int(result or 0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _mteval_prompts() -> Iterator[None]:
+    """MT-Eval's official judge prompts come from ../shared/mteval/prompts in tests, never from a download.
+
+    Session-wide, so module-scoped fixtures that judge runs see it too.
+    """
+    folder = MTEVAL_DATA_DIR.parent / "prompts"
+    with pytest.MonkeyPatch.context() as patch:
+        if folder.is_dir() and not os.environ.get("SYSBENCH_MTEVAL_PROMPTS"):
+            patch.setenv("SYSBENCH_MTEVAL_PROMPTS", str(folder))
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -129,7 +129,67 @@ def test_json_output_has_rows(bench, tmp_path):
     assert bench.main(["--lengths", "48", "--repeats", "1", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["dtype"] == "float32" and [row["tokens"] for row in report["rows"]] == [48]
-    assert report["rows"][0]["max_abs_diff_vs_eager"] < 1e-5
+    row = report["rows"][0]
+    assert row["max_abs_diff_vs_eager"] < 1e-5
+    # The guard's estimate (2 x 4 heads x 48^2 x 4 bytes) beside the measured peak eager adds to a plain forward.
+    assert row["eager_status"] == "measured" and row["eager_layer_bytes"] == 2 * 4 * 48 * 48 * 4
+    assert row["eager_estimate_mib"] == pytest.approx(row["eager_layer_bytes"] / (1 << 20))
+    assert row["eager_extra_peak_mib"] == pytest.approx(row["eager_peak_mib"] - row["plain_peak_mib"])
+    assert row["eager_peak_source"].startswith("peak RSS")
+
+
+def _no_bench_entry(bench) -> bool:
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return all(
+        bench.EAGER_BENCH_IMPL not in mapping
+        for registry in (ALL_ATTENTION_FUNCTIONS, ALL_MASK_ATTENTION_FUNCTIONS)
+        for mapping in (registry._global_mapping, registry._local_mapping)
+    )
+
+
+def test_the_eager_function_is_removed_from_transformers_registry(bench):
+    """Issue 21: the closure (and the model it reached) stayed registered after the benchmark."""
+    import gc
+    import weakref
+
+    model = _tiny_qwen2()
+    bench.measure(model, [24], [1], "cpu", repeats=1, chunk_mib=1)
+    assert _no_bench_entry(bench)
+    ids = torch.randint(0, 97, (1, 16), generator=torch.Generator().manual_seed(2))
+    with pytest.raises(RuntimeError, match="forward failed"), bench.EagerAtLayers(model, [1], [(0, 4)]):
+        assert not _no_bench_entry(bench)  # registered inside the block
+        raise RuntimeError("forward failed")
+    assert _no_bench_entry(bench) and model.config._attn_implementation == "sdpa"
+    with torch.no_grad():
+        model(input_ids=ids)  # still runs: back on SDPA
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None  # nothing of the benchmark keeps the model alive
+
+
+def test_eager_out_of_memory_is_recorded_not_fatal(bench, monkeypatch):
+    def out_of_memory(model, ids, layers, spans):
+        if ids.shape[1] > 32:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(model, ids, layers, spans)
+
+    real = bench.eager_forward
+    monkeypatch.setattr(bench, "eager_forward", out_of_memory)
+    rows = bench.measure(_tiny_qwen2(), [24, 40], [1], "cpu", repeats=1, chunk_mib=1)
+    fits, failed = rows
+    assert fits["eager_status"] == "measured" and fits["eager_s"] is not None
+    assert failed["eager_status"].startswith("eager: out of memory at T=40 (CUDA out of memory")
+    assert failed["eager_s"] is None and failed["eager_peak_mib"] is None and failed["eager_extra_peak_mib"] is None
+    assert failed["eager_estimate_mib"] > 0 and failed["capture_s"] > 0  # the rest of the row is measured
+    assert _no_bench_entry(bench)
+
+
+def test_the_eager_guard_skip_is_recorded(bench):
+    row = bench.measure(_tiny_qwen2(), [24], [1], "cpu", repeats=1, chunk_mib=1, eager_max_gib=1e-9)[0]
+    assert row["eager_status"].startswith("skipped: estimate") and row["eager_s"] is None
 
 
 class _Nothing:

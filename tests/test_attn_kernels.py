@@ -88,12 +88,23 @@ def _fake(device="cuda", dtype=torch.bfloat16, heads=8, kv_heads=2, t=10, dim=12
         (dict(mask=True), "torch-cuda-efficient"),  # only the efficient kernel takes a mask
         (dict(device="mps"), None),
         (dict(base="eager"), None),
+        (dict(capability=(7, 5)), "torch-cuda-efficient"),  # T4: no flash kernel below sm80
+        (dict(capability=(7, 0), flash_attn=False), "torch-cuda-efficient"),
+        (dict(capability=(8, 0)), "flash-attn"),
     ],
 )
 def test_kernel_choice(case, expected):
     q, k, v = _fake(**{key: case[key] for key in ("device", "dtype", "dim") if key in case})
     mask = torch.ones(1, 1, 10, 10, dtype=torch.bool) if case.get("mask") else None
-    choice = choose_kernel(q, k, v, mask, case.get("base", "sdpa"), flash_attn_available=case.get("flash_attn", True))
+    choice = choose_kernel(
+        q,
+        k,
+        v,
+        mask,
+        case.get("base", "sdpa"),
+        flash_attn_available=case.get("flash_attn", True),
+        capability=case.get("capability", (9, 0)),
+    )
     if expected is None:
         assert choice.function is None and choice.reason
     else:

@@ -23,6 +23,7 @@ from sysbench_gpu.engines.vllm_memory import (
     CPU_RESERVE_BYTES,
     GIB,
     NodeMemory,
+    UtilizationDefault,
     plan_memory,
 )
 
@@ -187,9 +188,15 @@ def test_a_users_choice_wins_and_is_recorded() -> None:
     )
     assert fraction.source == "gpu_memory_utilization" and fraction.engine_args == {"gpu_memory_utilization": 0.3}
     gpu = plan_memory(
-        on_cpu=False, gpu_memory_utilization=None, kv_cache_memory_bytes=None, environ={"VLLM_CPU_KVCACHE_SPACE": "2"}
+        on_cpu=False,
+        gpu_memory_utilization=None,
+        kv_cache_memory_bytes=None,
+        environ={"VLLM_CPU_KVCACHE_SPACE": "2"},
+        utilization_default=UtilizationDefault(0.92),
     )
-    assert gpu.source == "default" and gpu.engine_args == {"gpu_memory_utilization": 0.9}
+    # vLLM applies its own default; the plan records it (tests/test_gpu_paths.py reads the real one).
+    assert gpu.source == "default" and gpu.engine_args == {}
+    assert gpu.describe()["gpu_memory_utilization_default"] == 0.92
     assert plan_memory(
         on_cpu=False, gpu_memory_utilization=0.8, kv_cache_memory_bytes=None, environ={}
     ).engine_args == {"gpu_memory_utilization": 0.8}

@@ -25,7 +25,9 @@ from sysbench_gpu.cli import main
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.records import GenerationRecord, JudgmentRecord, Verdict
 from sysbench_gpu.core.rundir import RunDir
+from sysbench_gpu.explore import scripts
 from sysbench_gpu.explore import site as explore
+from sysbench_gpu.explore.arena import ARENA_ASSETS
 from sysbench_gpu.judging.stage import judge_run
 
 ASSETS = Path(explore.__file__).resolve().parent / "assets"
@@ -127,12 +129,12 @@ def fixture_runs(tmp_path_factory, shared_dir, dataset, smollm2_path):
 
 
 def _index(site: Path) -> dict:
-    return explore.read_data_file(site / "data" / "index.js")
+    return scripts.read_data_file(site / "data" / "index.js")
 
 
 def _session(site: Path, kind: str, system_id: int | str, benchmark: str = "sysbench") -> dict:
     """A session's data file by its id (with its scope, e.g. ``refinement-1``) and benchmark."""
-    return explore.read_data_file(site / explore.session_file(kind, f"{benchmark}-{system_id}"))
+    return scripts.read_data_file(site / explore.session_file(kind, f"{benchmark}-{system_id}"))
 
 
 # ---------------------------------------------------------------- data
@@ -248,20 +250,21 @@ def test_token_pieces_keep_multibyte_characters_whole(smollm2_path):
 
 def test_data_files_are_inert_scripts():
     payload = {"reply": HOSTILE + "\u2028\u2029", "n": 1}
-    script = explore.keyed_assignment(explore.SESSIONS_GLOBAL, 7, payload).decode("utf-8")
+    script = scripts.keyed_assignment(explore.SESSIONS_GLOBAL, 7, payload).decode("utf-8")
     assert "</script" not in script.lower() and "\u2028" not in script
     assert script.startswith(f"window.{explore.SESSIONS_GLOBAL} = window.{explore.SESSIONS_GLOBAL} || {{}};\n")
     path = Path(tempfile.mkdtemp()) / "7.js"
     path.write_text(script, encoding="utf-8")
-    assert explore.read_data_file(path) == payload
+    assert scripts.read_data_file(path) == payload
     # The pages put data into the document as text only.
-    scripts = sorted(ASSETS.glob("*.js"))
-    assert [p.name for p in scripts] == sorted(n for n in explore.ASSETS if n.endswith(".js"))
-    for script in scripts:
+    asset_scripts = sorted(ASSETS.glob("*.js"))
+    shipped = {*explore.ASSETS, *ARENA_ASSETS}
+    assert [p.name for p in asset_scripts] == sorted(n for n in shipped if n.endswith(".js"))
+    for script in asset_scripts:
         code = script.read_text(encoding="utf-8")
         for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
             assert sink not in code, f"{script.name} uses {sink}"
-    for page in ("index.html", "session.html"):
+    for page in ("index.html", "session.html", "arena.html"):
         assert "Content-Security-Policy" in (ASSETS / page).read_text(encoding="utf-8")
 
 

@@ -104,3 +104,39 @@ def test_a_measure_without_the_contract_is_refused_clearly() -> None:
         gpu_check.load_measure("json:dumps")
     with pytest.raises(SystemExit, match="cannot import no_such_module:measure"):
         gpu_check.load_measure("no_such_module:measure")
+
+
+@pytest.mark.parametrize(
+    "device,visible,expected",
+    [
+        ("cuda:1", None, "1"),  # nothing set: the index is the physical GPU
+        ("cuda:1", "2,3", "3"),  # cuda:1 is the second GPU this process sees
+        ("cuda:0", "2,3", "2"),
+        ("cuda:1", "GPU-aaa,GPU-bbb", "GPU-bbb"),  # UUIDs pass through as written
+        ("cuda:0", "MIG-1234", "MIG-1234"),
+        ("cuda", "2,3", None),  # no index: the child sees what this process sees
+    ],
+)
+def test_the_child_sees_the_gpu_the_device_names(device, visible, expected) -> None:
+    assert _gpu_check().visible_devices_for(device, visible) == expected
+
+
+def test_an_index_beyond_the_visible_gpus_is_refused() -> None:
+    with pytest.raises(SystemExit, match="CUDA_VISIBLE_DEVICES='2,3' makes only 2 GPU"):
+        _gpu_check().visible_devices_for("cuda:2", "2,3")
+    with pytest.raises(SystemExit, match="is not cuda:N"):
+        _gpu_check().visible_devices_for("cuda:x", None)
+
+
+def test_gpu_tests_run_on_the_physical_gpu_behind_the_device(monkeypatch) -> None:
+    gpu_check = _gpu_check()
+    seen: dict[str, str] = {}
+
+    def fake_run(command, cwd, env, capture_output, text):
+        seen["visible"] = env["CUDA_VISIBLE_DEVICES"]
+        return subprocess.CompletedProcess(command, 0, stdout="3 passed in 1.0s\n", stderr="")
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
+    result = gpu_check.run_gpu_tests("cuda:1")
+    assert seen["visible"] == "3" and result["status"] == "passed" and result["counts"] == {"passed": 3}

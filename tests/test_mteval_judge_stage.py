@@ -18,6 +18,7 @@ from sysbench_gpu.benchmarks.mteval.judge_prompt import (
     load_score_template,
     score_schema,
 )
+from sysbench_gpu.benchmarks.mteval.official_prompts import load_official_prompts
 from sysbench_gpu.benchmarks.mteval.tasks import SCORERS
 from sysbench_gpu.benchmarks.registry import load_run_sessions
 from sysbench_gpu.benchmarks.sysbench.judge_prompt import load_template
@@ -62,7 +63,11 @@ def test_global_inst_is_scored_without_a_judge(tmp_path, mteval_data_dir, capsys
     assert sum(r.score == 10.0 for r in records.values()) == 19
     assert sum(r.score == 0.0 for r in records.values()) == 11
     first = records[(1, 2)]
-    assert first.judge_model is None and first.attempts == 0 and first.extra == {"rule": "startend:start_char"}
+    assert (
+        first.judge_model is None
+        and first.attempts == 0
+        and first.extra == {"rule": "startend:start_char", "rules": "official"}
+    )
     assert "followed" in first.reasoning and "not followed" in records[(1, 5)].reasoning
     assert not (run.path / "judge_cache").exists() and not (run.path / LEDGER).exists()
     section = run.read_manifest()["stages"]["judge"]
@@ -193,7 +198,7 @@ def test_one_to_ten_judge_retries_records_unparsed_resumes_and_counts_once(tmp_p
         # A valid reply: a typed score and the rationale; scorer judge, the follow-up template's hash.
         good = records[(1, 3)]
         assert good.score == 8.0 and good.scorer == "judge" and good.reasoning == "fits the request"
-        assert good.verdicts == {} and good.template_hash == load_score_template("follow-up").sha256
+        assert good.verdicts == {} and good.template_hash == load_official_prompts()["follow-up"].sha256
         # Out of range once: retried, then the valid score; never stored as 11.
         assert records[(1, 4)].score == 7.0 and records[(1, 4)].attempts == 2
         assert "score 11 is outside 1..10" in records[(1, 4)].extra["failures"][0]
@@ -236,8 +241,9 @@ def test_one_to_ten_judge_retries_records_unparsed_resumes_and_counts_once(tmp_p
         )
         assert retried.retried_unparsed == 2 and stub.request_count - before == 8
     section = run.read_manifest()["stages"]["judge"]
-    assert section["score_templates"]["follow-up"]["sha256"] == load_score_template("follow-up").sha256
+    assert section["score_templates"]["follow-up"]["sha256"] == load_official_prompts()["follow-up"].sha256
     assert "template" not in section and section["scorers"] == ["judge"]
+    assert (section["judge_prompts"], section["rules"]) == ("official", "official")
 
 
 def test_cli_judges_and_refuses_a_second_judge(tmp_path, mteval_data_dir, capsys, monkeypatch):
@@ -246,6 +252,7 @@ def test_cli_judges_and_refuses_a_second_judge(tmp_path, mteval_data_dir, capsys
     run = make_mteval_run(tmp_path / "fu", mteval_data_dir / FOLLOW_UP, [3], marked())
     with OpenAIStub(ScoreScript()) as stub:
         common = ["judge", str(run.path), "--judge", "openai", "--judge-model", "gpt-4o", "--base-url", stub.base_url]
+        common += ["--judge-prompts", "ours"]
         assert cli.main(common + ["--dry-run", "--json"]) == 0
         report = json.loads(capsys.readouterr().out)
         assert report["requests"] == 3 and report["turns_scored_by_rule"] == 0 and stub.request_count == 0
@@ -254,6 +261,7 @@ def test_cli_judges_and_refuses_a_second_judge(tmp_path, mteval_data_dir, capsys
         prompt = stub.requests[0]["messages"][0]["content"]
         assert "Words in the reply: 4" in prompt and "Sentences in the reply: 1" in prompt
         other = ["judge", str(run.path), "--judge", "openai", "--judge-model", "gpt-4.1", "--base-url", stub.base_url]
+        other += ["--judge-prompts", "ours"]
         assert cli.main(other) == 2  # another judge would mix scores
         assert "--rejudge" in capsys.readouterr().err
         out = tmp_path / "rejudged"
@@ -273,6 +281,9 @@ def test_custom_template_file(tmp_path, mteval_data_dir, capsys, monkeypatch):
     mine.write_text('CONV {conversation}\nREPLY {response} ({num_words} words)\nJSON {{"rationale": "..", "score": 1}}')
     with OpenAIStub(ScoreScript()) as stub:
         base = ["judge", str(run.path), "--judge", "openai", "--judge-model", "m", "--base-url", stub.base_url]
+        assert cli.main(base + ["--mteval-template", "follow-up=" + str(mine)]) == 2  # official prompts by default
+        assert "pass --judge-prompts ours" in capsys.readouterr().err
+        base += ["--judge-prompts", "ours"]
         assert cli.main(base + ["--mteval-template", "sideways=" + str(mine)]) == 2
         assert "unknown kind 'sideways'" in capsys.readouterr().err
         assert cli.main(base + ["--mteval-template", "follow-up=" + str(mine)]) == 0

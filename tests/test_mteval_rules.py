@@ -11,39 +11,55 @@ from sysbench_gpu.benchmarks.mteval.rules import (
     INSTRUCTION_NAMES,
     check_instruction,
     check_instruction_args,
-    count_sentences,
-    count_words,
     detect_language,
     normalize_label,
     rule_score,
     score_cls,
 )
+from sysbench_gpu.benchmarks.mteval.sentences import count_sentences, count_words
 from sysbench_gpu.core.errors import SysbenchError
 
 
 def test_word_and_sentence_counts() -> None:
     assert count_words("  one two\nthree\tfour  ") == 4
     assert count_words("") == 0
-    assert count_sentences("") == 0 and count_sentences("   ") == 0
-    assert count_sentences("No end mark") == 1
-    assert count_sentences("Hello there. I am Dr. Smith! Are you J. K. Rowling? Yes.") == 4
-    assert count_sentences("Pi is 3.14 today. OK") == 2  # a decimal point ends nothing
-    assert count_sentences('He said "Stop." Then he left...') == 2
-    assert count_sentences("Wait?! Really. e.g. this one.") == 3
-    assert count_sentences("他很好。你好！") == 2
+    for rules in ("official", "lenient"):
+        assert count_sentences("", rules) == 0 and count_sentences("   ", rules) == 0
+        assert count_sentences("No end mark", rules) == 1
+        assert count_sentences("Hello there. I am Dr. Smith! Are you J. K. Rowling? Yes.", rules) == 4
+        assert count_sentences("Pi is 3.14 today. OK", rules) == 2  # a decimal point ends nothing
+    # The lenient regex splitter knows "e.g." and CJK end marks; Punkt (official) does not.
+    assert count_sentences('He said "Stop." Then he left...', "lenient") == 2
+    assert count_sentences("Wait?! Really. e.g. this one.", "lenient") == 3
+    assert count_sentences("Wait?! Really. e.g. this one.", "official") == 4
+    assert count_sentences("他很好。你好！", "lenient") == 2
+    assert count_sentences("他很好。你好！", "official") == 1
+    with pytest.raises(SysbenchError, match="unknown MT-Eval rule set"):
+        count_sentences("x", "strict")
 
 
-def test_cls_normalizes_case_and_punctuation() -> None:
+def test_cls_lenient_normalizes_case_and_punctuation() -> None:
     assert normalize_label("  Science-Fiction!! ") == "science fiction"
-    assert score_cls("The category is: Medicine.", "medicine") == 10
-    assert score_cls("MEDICINE", "Medicine.") == 10
-    assert score_cls("science fiction", "science-fiction") == 10
-    assert score_cls("This document is about food.", "travel") == 0
-    assert score_cls("", "travel") == 0
+    assert score_cls("The category is: Medicine.", "medicine", "lenient") == 10
+    assert score_cls("MEDICINE", "Medicine.", "lenient") == 10
+    assert score_cls("science fiction", "science-fiction", "lenient") == 10
+    assert score_cls("This document is about food.", "travel", "lenient") == 0
+    assert score_cls("", "travel", "lenient") == 0
     # a plain substring test, as upstream: "art" is found inside "heart"
-    assert score_cls("heart", "art") == 10
+    assert score_cls("heart", "art", "lenient") == 10
     with pytest.raises(SysbenchError, match="empty after normalization"):
-        score_cls("anything", "?!")
+        score_cls("anything", "?!", "lenient")
+
+
+def test_cls_official_lowercases_and_blanks_punctuation_only() -> None:
+    assert score_cls("The category is: Medicine.", "medicine") == 10
+    assert score_cls("MEDICINE", "Medicine") == 10
+    assert score_cls("science fiction", "science-fiction") == 10
+    assert score_cls("science  fiction", "science fiction") == 0  # no whitespace collapse
+    assert score_cls("food", "food.") == 0  # the label's trailing blank must be there too
+    assert score_cls("heart", "art") == 10
+    with pytest.raises(SysbenchError, match="gold label is empty"):
+        score_cls("anything", "")
 
 
 # name -> (args, a response that follows it, one that does not)
@@ -77,7 +93,7 @@ CASES = {
         "Is there anything else I can help with? Bye.",
     ),
     "startend:start_char": ({"letter": "o"}, "  Once upon a time.", "Upon a time, o."),
-    "startend:start_emoji": ({}, "  🇺🇸 Flags count as one emoji.", "Hi 😀"),
+    "startend:start_emoji": ({}, "  😀 A smile first.", "Hi 😀"),
 }
 
 
@@ -98,7 +114,12 @@ def test_instruction_edge_cases() -> None:
     assert check_instruction("format:bullet_list", {"num_bullets": 0}, "no bullets") is False
     assert check_instruction("format:bullet_list", {"num_bullets": 1}, "**bold** is not a bullet\n* but this is")
     assert check_instruction("startend:start_emoji", {}, "") is False
-    assert check_instruction("startend:start_emoji", {}, "1️⃣ keycap") is True
+    # Officially only the first code point counts; lenient accepts a whole leading emoji sequence.
+    assert check_instruction("startend:start_emoji", {}, "1️⃣ keycap") is False
+    assert check_instruction("startend:start_emoji", {}, "1️⃣ keycap", "lenient") is True
+    assert check_instruction("startend:start_emoji", {}, "🇺🇸 flag") is False
+    assert check_instruction("startend:start_emoji", {}, "🇺🇸 flag", "lenient") is True
+    assert check_instruction("startend:start_emoji", {}, "   ", "lenient") is False
     assert check_instruction("language:response_language", {"lang": "Bulgarian"}, "   ") is False
     # nothing to detect (digits only): not held against the response, as upstream
     assert check_instruction("language:response_language", {"lang": "Punjabi"}, "12345") is True
@@ -139,8 +160,9 @@ def test_rule_score_on_dialogues() -> None:
             ],
         },
     )
-    verdict = rule_score(cls, 2, "Food.")
+    verdict = rule_score(cls, 2, "Food.", "lenient")
     assert (verdict.score, verdict.rule) == (10, "cls") and "'food' found" in verdict.detail
+    assert rule_score(cls, 2, "Food.").score == 10
     assert rule_score(cls, 2, "travel").score == 0
     inst = _one(
         "recollection-global-inst",
@@ -178,6 +200,8 @@ def test_every_gold_label_of_the_shared_cls_files_matches_itself() -> None:
         for session in load_dataset(path).sessions:
             for turn in session.turns:
                 if turn.answered:
-                    assert rule_score(session, turn.index, f"Category: {turn.reference.upper()}!").score == 10
+                    shouted = f"Category: {turn.reference.upper()}!"
+                    assert rule_score(session, turn.index, shouted, "lenient").score == 10
+                    assert rule_score(session, turn.index, f"Category: {turn.reference}").score == 10
                     scored += 1
     assert scored == 100 + 100 + 4 * 100  # recollection multi and single, four cls ablations

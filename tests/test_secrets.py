@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -23,13 +24,13 @@ KEY = "gw-Zq81vTT0pLm4XsN6ccKd"
 ECHO = "Incorrect API key provided: {authorization} for {path}"
 
 
-def run_cli(*args: str, env_key: str | None = KEY) -> tuple[int, str, str]:
+def run_cli(*args: str, env_key: str | None = KEY, env_name: str = KEY_ENV) -> tuple[int, str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("OPENAI_BASE_URL", None)
-    env.pop(KEY_ENV, None)
+    env.pop(env_name, None)
     if env_key is not None:
-        env[KEY_ENV] = env_key
+        env[env_name] = env_key
     done = subprocess.run(
         [sys.executable, "-m", "sysbench_gpu", *args], env=env, capture_output=True, text=True, timeout=120
     )
@@ -45,15 +46,18 @@ def files_holding(root: Path, secret: str) -> list[str]:
     return found
 
 
-def test_redact_covers_keys_urls_and_bearer_strings(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SOME_SERVICE_API_KEY", "zz-0123456789abcdefXYZ")
-    redact.register_secret("registered-secret-value")
+def test_free_text_loses_known_keys_and_credential_shapes() -> None:
+    secrets = redact.Secrets.gather(
+        "MY_KEY_VAR",
+        None,
+        environ={"MY_KEY_VAR": "registered-secret-value", "SOME_SERVICE_API_KEY": "zz-0123456789abcdefXYZ"},
+    )
     text = (
         "401: Incorrect API key provided: Bearer sk-proj-ABCDEFGH12345678 | Authorization: Basic dXNlcjpwYXNz | "
         "url http://user:pa55word@host:8000/v1?api-key=QUERYKEY&x=1 | env zz-0123456789abcdefXYZ | "
         "again registered-secret-value | echoed sk-test-****************cdef"
     )
-    cleaned = redact.redact(text)
+    cleaned, hits = secrets.scrub_counted(text)
     for secret in (
         "sk-proj-ABCDEFGH12345678",
         "dXNlcjpwYXNz",
@@ -64,17 +68,58 @@ def test_redact_covers_keys_urls_and_bearer_strings(monkeypatch: pytest.MonkeyPa
         "****cdef",
     ):
         assert secret not in cleaned, secret
+    assert hits == 7
     assert "http://[REDACTED]@host:8000/v1?api-key=[REDACTED]&x=1" in cleaned
     assert "Bearer [REDACTED]" in cleaned and "Authorization: Basic [REDACTED]" in cleaned
-    # Ordinary text is left alone.
+    # Ordinary text is left alone, and scrubbing twice changes nothing more.
     plain = "The task-list has 3 items; see https://example.com/docs?page=2 and the risk-assessment."
-    assert redact.redact(plain) == plain
-    assert redact.redact_obj({"a": ["x registered-secret-value"], "n": 3}) == {"a": ["x [REDACTED]"], "n": 3}
+    assert secrets.scrub(plain) == plain
+    assert secrets.scrub_counted(cleaned) == (cleaned, 0)
+
+
+def test_short_keys_are_not_hunted_and_replies_keep_their_urls() -> None:
+    secrets = redact.Secrets().adding("stub", "EMPTY", "token-abc123")
+    assert "EMPTY" not in secrets.values  # a placeholder, not a secret
+    reply = "I am stub. See http://user:pw@example.com and token-abc123, twice: token-abc123"
+    cleaned, hits = secrets.scrub_reply(reply)
+    assert cleaned == "I am stub. See http://user:pw@example.com and [REDACTED], twice: [REDACTED]" and hits == 2
+
+
+def test_structural_redaction_touches_only_secret_places() -> None:
+    settings = {
+        "model": "token-abc123",
+        "api_key": "token-abc123",
+        "api_key_env": "OPENAI_API_KEY",
+        "max_tokens": 64,
+        "hf_token": "hf_abcdefghijklmnop",
+        "base_url": "http://u:token-abc123@host:1/v1?api-key=token-abc123&x=1",
+        "out": "/runs/token-abc123",
+        "label": ["stub", {"password": "stub"}],
+    }
+    treated = redact.redact_settings(settings)
+    assert treated == {
+        "model": "token-abc123",
+        "api_key": "[REDACTED]",
+        "api_key_env": "OPENAI_API_KEY",
+        "max_tokens": 64,
+        "hf_token": "[REDACTED]",
+        "base_url": "http://[REDACTED]@host:1/v1?api-key=[REDACTED]&x=1",
+        "out": "/runs/token-abc123",
+        "label": ["stub", {"password": "[REDACTED]"}],
+    }
+    assert redact.redact_settings(treated) == treated
+    assert redact.redact_headers({"Authorization": "Bearer x", "Content-Type": "json", "x-api-key": "k"}) == {
+        "Authorization": "[REDACTED]",
+        "Content-Type": "json",
+        "x-api-key": "[REDACTED]",
+    }
+    env = redact.redact_environment({"HF_TOKEN": "hf_x", "PATH": "/bin", "PROXY": "http://a:b@p:3128"})
+    assert env == {"HF_TOKEN": "[REDACTED]", "PATH": "/bin", "PROXY": "http://[REDACTED]@p:3128"}
 
 
 def test_log_filter_rewrites_messages_and_tracebacks(caplog: pytest.LogCaptureFixture) -> None:
-    redact.register_secret("filter-secret-123456")
-    redact.install_log_redaction([caplog.handler])
+    secrets = redact.Secrets().adding("filter-secret-123456")
+    redact.install_log_redaction(secrets, [caplog.handler])
     logger = logging.getLogger("httpx")
     with caplog.at_level(logging.INFO, logger="httpx"):
         logger.info("HTTP Request: POST %s", "http://u:filter-secret-123456@h/v1/chat")
@@ -83,6 +128,12 @@ def test_log_filter_rewrites_messages_and_tracebacks(caplog: pytest.LogCaptureFi
         except RuntimeError:
             logger.exception("failed")
     assert "filter-secret-123456" not in caplog.text and "[REDACTED]" in caplog.text
+    # A second command in the same process redacts with its own secrets, not the first one's.
+    redact.install_log_redaction(redact.Secrets(), [caplog.handler])
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="httpx"):
+        logger.info("plain filter-secret-123456")
+    assert "plain filter-secret-123456" in caplog.text
 
 
 def _judge_args(run: Path, url: str, *extra: str) -> list[str]:
@@ -182,3 +233,56 @@ def test_key_in_base_url_is_never_printed_or_stored(tmp_path: Path, dataset, for
     assert echoed["n"] == 5 and "HTTP Request" in stderr  # request log lines were printed, redacted
     assert KEY not in stdout and KEY not in stderr
     assert files_holding(run.path, KEY) == []
+
+
+def _generate_args(sessions_file: Path, out: Path, url: str, model: str, key_env: str = KEY_ENV) -> list[str]:
+    return [
+        "generate",
+        "--data",
+        str(sessions_file),
+        "--engine",
+        "openai",
+        "--model",
+        model,
+        "--out",
+        str(out),
+        "--limit",
+        "2",
+        "--no-progress",
+        "--api-key-env",
+        key_env,
+        "--base-url",
+        url,
+        "--max-tokens",
+        "16",
+    ]
+
+
+@pytest.mark.parametrize("key", ["stub", "qwen-local-7b"])
+def test_key_equal_to_the_model_name_keeps_the_model_and_resumes(tmp_path: Path, sessions_file, key: str) -> None:
+    out = tmp_path / "run"
+    with OpenAIStub(lambda body, n: Reply(text="ok")) as stub:
+        command = _generate_args(sessions_file, out, stub.base_url, key, key_env="OPENAI_API_KEY")
+        first = run_cli(*command, env_key=key, env_name="OPENAI_API_KEY")
+        again = run_cli(*command, env_key=key, env_name="OPENAI_API_KEY")
+        sent = stub.request_count
+    assert first[0] == 0, first[2]
+    assert again[0] == 0, again[2]  # the rerun matches what the first run stored, and resumes
+    manifest = json.loads((out / "manifest.json").read_text())
+    section = manifest["stages"]["generate"]
+    assert section["model"] == key and section["engine_describe"]["model"] == key
+    assert "[REDACTED]" not in json.dumps(manifest)
+    records = (out / "generations.jsonl").read_text().splitlines()
+    assert sent == len(records) == 10  # 2 sessions x 5 turns, nothing sent twice
+
+
+def test_key_printed_in_a_reply_is_redacted_and_counted(tmp_path: Path, sessions_file) -> None:
+    out = tmp_path / "run"
+    key = "token-abc123"
+    with OpenAIStub(lambda body, n: Reply(text=f"my key is {key}" if n == 1 else "ok")) as stub:
+        code, stdout, stderr = run_cli(*_generate_args(sessions_file, out, stub.base_url, "m"), env_key=key)
+    assert code == 0, stderr
+    assert files_holding(out, key) == [] and key not in stdout + stderr
+    assert "my key is [REDACTED]" in (out / "generations.jsonl").read_text()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["stages"]["generate"]["engine_describe"]["redactions"] == {"replies": 1}

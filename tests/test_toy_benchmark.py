@@ -212,7 +212,7 @@ def test_toy_runs_through_every_stage(toy, toy_data, tmp_path, monkeypatch, caps
     # explore: the site names the toy's sessions, with the rule's scores and the keywords.
     site = tmp_path / "explore"
     assert main(["explore", str(run), "--out", str(site)]) == 0
-    from sysbench_gpu.explore.site import read_data_file
+    from sysbench_gpu.explore.scripts import read_data_file
 
     index = read_data_file(site / "data" / "index.js")
     assert index["benchmarks"]["toy"]["title"] == "Toy keywords" and index["benchmarks"]["toy"]["outcome"] == "score"

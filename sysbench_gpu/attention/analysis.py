@@ -25,6 +25,7 @@ import numpy as np
 
 from sysbench_gpu.attention.store import complete_lines
 from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.jsonio import loads
 
 LEAD, SYSTEM = 0, 1  # span columns in stored shares
 DEFAULT_METRIC = "reply_share_excl_lead"
@@ -95,9 +96,10 @@ def read_turn_table(path: Path) -> list[TurnShare]:
     """Rows of a shard or merged table; an unterminated last line (a write torn by a crash) is left out."""
     rows = []
     for number, line in complete_lines(path):
+        row = loads(line, f"{path}: line {number}")
         try:
-            rows.append(TurnShare(**json.loads(line)))
-        except (json.JSONDecodeError, TypeError) as error:
+            rows.append(TurnShare(**row))
+        except TypeError as error:
             raise SysbenchError(f"{path}: line {number} is not a turn-share row ({error})") from None
     return rows
 

@@ -21,12 +21,15 @@ and returns a ``KernelResult``: the output as transformers' SDPA path returns it
 
 ``choose_kernel`` picks one from the device, dtype, mask and what the model's own
 attention path does, or says why none applies (then the capture keeps the model's own
-call and takes the fallback path).
+call and takes the fallback path). The flash kernels are chosen only on sm80 or newer, and
+flash-attn only where it imports (a wheel built for another torch ABI is found but does not).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import functools
+import importlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,8 +37,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+log = logging.getLogger(__name__)
+
 _HALF = ("float16", "bfloat16")
 MAX_FLASH_HEAD_DIM = 256
+FLASH_MIN_CAPABILITY = (8, 0)  # flash-attn 2 and torch's CUDA flash SDPA need Ampere (sm80) or newer
 
 
 @dataclass(frozen=True)
@@ -154,8 +160,37 @@ def _aligned_bias(bias: torch.Tensor, alignment: int = 16) -> torch.Tensor:
     return padded[..., :width]
 
 
+@functools.cache
 def flash_attn_installed() -> bool:
-    return importlib.util.find_spec("flash_attn") is not None
+    """Whether ``flash_attn`` imports, tried once per process (``flash_attn_installed.cache_clear()`` to retry).
+
+    A wheel built against another torch ABI is found on the path but fails to import
+    ("undefined symbol ..."): that counts as not installed, with one warning naming the error.
+    """
+    try:
+        importlib.import_module("flash_attn")
+    except ModuleNotFoundError as error:
+        if error.name != "flash_attn":  # flash_attn is there, one of its own imports is missing
+            _warn_flash_attn_broken(error)
+        return False
+    except Exception as error:  # noqa: BLE001 (a broken build raises ImportError, OSError or RuntimeError)
+        _warn_flash_attn_broken(error)
+        return False
+    return True
+
+
+def _warn_flash_attn_broken(error: BaseException) -> None:
+    first = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
+    log.warning("flash-attn is installed but does not import (%s); using torch's kernels", first)
+
+
+def device_capability(device: Any) -> tuple[int, int]:
+    """CUDA compute capability (major, minor) of ``device`` (the current device when it names no index)."""
+    import torch
+
+    index = getattr(device, "index", None)
+    major, minor = torch.cuda.get_device_capability(index)
+    return int(major), int(minor)
 
 
 # ----------------------------------------------------------------- choice
@@ -165,7 +200,7 @@ def flash_attn_installed() -> bool:
 class KernelChoice:
     name: str  # short name recorded per layer in the manifest
     function: KernelFunction | None  # None: no kernel applies; ``reason`` says why
-    reason: str = ""
+    reason: str = ""  # with a function: why a faster kernel was passed over (empty when none was)
 
 
 def choose_kernel(
@@ -175,8 +210,12 @@ def choose_kernel(
     mask: torch.Tensor | None,
     base: str,
     flash_attn_available: bool | None = None,
+    capability: tuple[int, int] | None = None,
 ) -> KernelChoice:
-    """The kernel for one layer call, or why none applies (``function`` None)."""
+    """The kernel for one layer call, or why none applies (``function`` None).
+
+    ``flash_attn_available`` and ``capability`` default to what this process sees (tests pass them).
+    """
     if base != "sdpa":
         return KernelChoice("", None, f"{base} attention returns no log-sum-exp")
     if query.shape[2] != key.shape[2]:
@@ -193,6 +232,12 @@ def choose_kernel(
         return KernelChoice("", None, f"no kernel with log-sum-exp on {device}")
     half = dtype in _HALF and query.shape[-1] <= MAX_FLASH_HEAD_DIM and query.shape[-1] % 8 == 0
     if mask is None and half:
+        major, minor = capability if capability is not None else device_capability(query.device)
+        if (major, minor) < FLASH_MIN_CAPABILITY:
+            # Older GPUs (e.g. T4, V100) have no flash kernel; the efficient one returns the LSE there too.
+            return KernelChoice(
+                "torch-cuda-efficient", cuda_efficient_attention, f"sm{major}{minor}: the flash kernels need sm80+"
+            )
         if flash_attn_available if flash_attn_available is not None else flash_attn_installed():
             return KernelChoice("flash-attn", flash_attn_attention)
         return KernelChoice("torch-cuda-flash", cuda_flash_attention)

@@ -39,6 +39,8 @@ from sysbench_gpu.attention.conversation import RunConversations, conversation_t
 from sysbench_gpu.attention.layout import (
     Distributed,
     LoadPlan,
+    check_tensor_parallel_heads,
+    end_process_group,
     mark_done,
     plan_load,
     wait_for_ranks,
@@ -52,6 +54,7 @@ from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.locks import stage_lock
 from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.core.sessions import parse_session_ids, select_sessions
+from sysbench_gpu.engines.models import resolve_model
 
 # Names other modules and tests import from here (the stage's former contents, now in its parts).
 __all__ = [
@@ -196,9 +199,16 @@ def _measure_and_finish(
         if not session_path(out, session.system_id, condition).exists()
         and not skip_path(out, session.system_id, condition).exists()
     ]
+    if plan.layout == "tensor-parallel":
+        check_model_splits(args.model, dist.world)  # a user error is one line before any process group is joined
+        # Ranks may see the output folder differently (a shared file system's lag): rank 0's list decides, before
+        # the `if todo` below, because the model load and every forward inside it are collectives.
+        todo = agree_on_todo(todo, dist)
     log.info("%s: %d of %d session runs to do (%d already done)", dist.tag, len(todo), len(runs), len(runs) - len(todo))
     if todo:
         measure_sessions(args, runs, todo, generations, replies, out, dist, plan, settings, conversations)
+    elif plan.layout == "tensor-parallel":
+        end_process_group()  # measure_sessions ends it otherwise
     if plan.splits_sessions:
         mark_done(out, dist)
     if dist.rank != 0:
@@ -207,6 +217,53 @@ def _measure_and_finish(
         wait_for_ranks(out, dist, args.wait_timeout)
     finish(out, run, args)
     return 0
+
+
+def check_model_splits(model: str, world: int) -> None:
+    """The heads check of the tensor-parallel load, from the config alone (the load repeats it)."""
+    from transformers import AutoConfig
+
+    path = resolve_model(model)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except Exception:  # noqa: BLE001 (an unreadable model: the load reports it, as one line)
+        return
+    check_tensor_parallel_heads(config, world, model)
+
+
+def agree_on_todo(todo: list[int], dist: Distributed) -> list[int]:
+    """Rank 0's to-do list on every rank (torchrun's environment; starts the process group if none is).
+
+    The group is started as transformers' tensor-parallel load would start it (NCCL on CUDA, else
+    gloo), so the load then reuses it; the list itself travels over a gloo group, on the CPU.
+    """
+    import torch.distributed as torch_dist
+
+    if not torch_dist.is_initialized():
+        _init_process_group(dist)
+    group = torch_dist.new_group(backend="gloo")
+    box: list[Any] = [list(todo) if dist.rank == 0 else None]
+    torch_dist.broadcast_object_list(box, src=0, group=group)
+    torch_dist.destroy_process_group(group)
+    return [int(index) for index in box[0]]
+
+
+def _init_process_group(dist: Distributed) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as torch_dist
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(dist.local_rank)
+        device = torch.device("cuda", dist.local_rank)
+        backend, device_id = "nccl", device
+    else:
+        backend, device_id = "gloo", None
+    # Loading a sharded model can keep ranks apart for long; transformers waits two hours too.
+    torch_dist.init_process_group(
+        backend=backend, rank=dist.rank, world_size=dist.world, device_id=device_id, timeout=timedelta(hours=2)
+    )
 
 
 def _cuda_available() -> bool:

@@ -17,7 +17,8 @@ shard lacks, so a torn tail never blocks a rerun nor loses a row.
 from __future__ import annotations
 
 import io
-import json
+import zipfile
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import numpy as np
 
 from sysbench_gpu.core import jsonl
 from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.jsonio import read_json
 from sysbench_gpu.core.rundir import write_bytes_atomic, write_json_atomic
 
 MANIFEST = "manifest.json"
@@ -55,8 +57,9 @@ def load_session(path: Path, keys: Sequence[str] | None = None) -> dict[str, np.
     try:
         with np.load(path, allow_pickle=False) as data:
             return {key: data[key] for key in (data.files if keys is None else keys)}
-    except (OSError, ValueError, KeyError) as error:
-        raise SysbenchError(f"{path}: not a readable session file ({error})") from None
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+        # A torn or damaged file: zip, zlib and numpy each raise their own kind of error.
+        raise SysbenchError(f"{path}: not a readable session file ({error or type(error).__name__})") from None
 
 
 def append_lines(path: Path, lines: Sequence[str]) -> None:
@@ -85,13 +88,7 @@ def read_manifest(out: Path) -> dict[str, Any]:
 
 
 def _load_manifest(path: Path) -> dict[str, Any]:
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise SysbenchError(f"{path}: not valid JSON ({error.msg})") from None
-    if not isinstance(manifest, dict):
-        raise SysbenchError(f"{path}: not a JSON object")
-    return manifest
+    return read_json(path, expect=dict)
 
 
 def check_settings(out: Path, settings: dict[str, Any], write: bool = True) -> dict[str, Any]:

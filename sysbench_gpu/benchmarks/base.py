@@ -65,6 +65,17 @@ class ReportResult:
     warnings: Sequence[str] = ()
 
 
+@dataclass(frozen=True)
+class GenerationPreset:
+    """Decoding a benchmark's authors used, for ``generate --preset NAME``; None leaves a setting as given."""
+
+    name: str
+    description: str
+    temperature: float | None = None  # 0: greedy
+    max_tokens: int | None = None
+    system_message: str | None = None
+
+
 class Benchmark:
     """One benchmark behind one interface. Subclasses set ``name`` and override what they support."""
 
@@ -86,6 +97,9 @@ class Benchmark:
     sort_keys: ClassVar[tuple[str, ...]] = ("given",)
     #: whether its report places the stage's extras (throughput profile, explorer link)
     report_extras: ClassVar[bool] = False
+    #: options of the judge stage this benchmark takes: option (``judge_prompts``) -> (choices, help); the
+    #: first choice is the default. The judge command adds one ``--flag`` per option of any registered benchmark.
+    judge_options: ClassVar[Mapping[str, tuple[tuple[str, ...], str]]] = {}
 
     # -- data ------------------------------------------------------------------
     def claims(self, text: str) -> bool:
@@ -156,6 +170,14 @@ class Benchmark:
         """Benchmark fields for the generate section of manifest.json."""
         return {}
 
+    def generation_presets(self) -> tuple[GenerationPreset, ...]:
+        """The ``generate --preset`` values this benchmark offers (its paper's decoding); none by default."""
+        return ()
+
+    def procedure_warning(self, manifest: Mapping[str, Any]) -> str | None:
+        """One line naming how a run (its manifest) was made unlike the benchmark's published procedure; None if not."""
+        return None
+
     # -- judging ---------------------------------------------------------------
     def judge_flag_error(self, *, template: bool, score_templates: bool) -> str | None:
         """One line when the judge's template flags do not apply to this benchmark."""
@@ -193,6 +215,14 @@ class Benchmark:
         """How a dry run names the templates the judge will be given."""
         return f"{self.title or self.name} judge templates"
 
+    def configured(self, options: Mapping[str, Any]) -> Benchmark:
+        """This benchmark with the judge options given (not None) applied; an option it does not take is one line."""
+        for option, value in options.items():
+            if value is not None and option not in self.judge_options:
+                flag = "--" + option.replace("_", "-")
+                raise SysbenchError(f"{flag} does not apply to {self.title or self.name} runs")
+        return self
+
     def judge_settings(self, settings: Any) -> Any:
         """``settings`` completed with what this benchmark's judging needs (its built-in templates)."""
         return settings
@@ -226,6 +256,19 @@ class Benchmark:
         if judgment is None or judgment.parse_status in ("skipped", "unparsed") or judgment.score is None:
             return TurnView(judged=False)
         return TurnView(judged=True, score=judgment.score, note=judgment.reasoning, scorer=judgment.scorer)
+
+    def arena_points(self, session: Session, turn: int, judgment: JudgmentRecord | None) -> float | None:
+        """What a reply earned on its turn, for the arena's verdict battles (None: not judged).
+
+        From :meth:`turn_view`, so a benchmark that shows its turns needs nothing more: a
+        checklist's satisfied items (``yes``) or the turn's score.
+        """
+        view = self.turn_view(session, turn, judgment)
+        if not view.judged:
+            return None
+        if view.score is not None:
+            return float(view.score)
+        return float(sum(1 for item in view.items if item.get("value") == "yes"))
 
     def session_facets(self, session: Session) -> dict[str, Any]:
         """Fields the explorer's session table shows and filters on (named by :meth:`explore_layout`)."""

@@ -87,6 +87,7 @@ class JudgePlan:
     benchmark: str = ""  # the registered name of the run's benchmark
     judge_tasks: tuple[str, ...] = ()  # tasks whose turns need the LLM judge (MT-Eval)
     template_sha256: str | None = None  # the one template every task was rendered from, where there is one
+    options: Mapping[str, Any] = field(default_factory=dict)  # the benchmark's judge options, for the manifest
 
     def finished(self) -> list[JudgmentRecord]:
         """Records made without asking anyone: skipped turns, then rule-scored ones."""

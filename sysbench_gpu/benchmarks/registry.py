@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from sysbench_gpu.benchmarks.base import Benchmark
+from sysbench_gpu.benchmarks.base import Benchmark, GenerationPreset
 from sysbench_gpu.core import jsonio
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.records import set_scorers
@@ -109,6 +109,24 @@ def benchmark_of(sessions: Sequence[Session]) -> Benchmark:
     if len(names) > 1:
         raise SysbenchError(f"sessions of several benchmarks together: {', '.join(sorted(names))}")
     return REGISTRY.get(names.pop() if names else REGISTRY.names()[0])
+
+
+def generation_presets() -> dict[str, tuple[Benchmark, GenerationPreset]]:
+    """Every registered benchmark's ``generate --preset`` values, by name (first one wins)."""
+    presets: dict[str, tuple[Benchmark, GenerationPreset]] = {}
+    for benchmark in REGISTRY.all():
+        for preset in benchmark.generation_presets():
+            presets.setdefault(preset.name, (benchmark, preset))
+    return presets
+
+
+def judge_options() -> dict[str, tuple[tuple[str, ...], str]]:
+    """The judge-stage options of every registered benchmark (``Benchmark.judge_options``), first one wins."""
+    options: dict[str, tuple[tuple[str, ...], str]] = {}
+    for benchmark in REGISTRY.all():
+        for option, spec in benchmark.judge_options.items():
+            options.setdefault(option, spec)
+    return options
 
 
 def one_benchmark(labelled: Sequence[tuple[str, Benchmark]], verb: str) -> Benchmark:

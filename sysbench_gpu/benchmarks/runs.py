@@ -4,16 +4,15 @@ and the run-level metrics and comparison, each answered by the run's benchmark."
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from sysbench_gpu.benchmarks.registry import get_benchmark, load_run_sessions, one_benchmark
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.loaded_run import LoadedRun
+from sysbench_gpu.core.records import GenerationRecord, JudgmentRecord, Key
 from sysbench_gpu.core.rundir import RunDir
-
-Key = tuple[int, int]
 
 
 def load_run(run_dir: str | Path) -> LoadedRun:
@@ -107,3 +106,29 @@ def compare_runs(
     return compare_loaded(
         [load_run(run_a), load_run(run_b)], resamples=resamples, seed=seed, allow_partial=allow_partial
     )
+
+
+def same_replies_judged(
+    runs: tuple[RunDir, RunDir],
+    generations: tuple[Mapping[Key, GenerationRecord], Mapping[Key, GenerationRecord]],
+    judgments: tuple[Mapping[Key, JudgmentRecord], Mapping[Key, JudgmentRecord]],
+    differs: Callable[[Key], bool] | None = None,
+) -> list[Key]:
+    """The (session, turn) keys both runs generated and judged, refused where a reply differs.
+
+    Judge agreement compares two judges on the same replies; ``differs`` adds a benchmark's
+    own reason for a turn not to count as the same (MT-Eval: another task).
+    """
+    (run_a, run_b), (gens_a, gens_b), (judg_a, judg_b) = runs, generations, judgments
+    common = sorted(set(judg_a) & set(judg_b) & set(gens_a) & set(gens_b))
+    if not common:
+        raise SysbenchError(f"{run_a.path} and {run_b.path} have no judged turn in common")
+    differ = [k for k in common if gens_a[k].response != gens_b[k].response or (differs is not None and differs(k))]
+    if differ:
+        shown = "; ".join(f"session {s}, turn {t}" for s, t in differ[:5])
+        raise SysbenchError(
+            f"{run_a.path} and {run_b.path} judge different responses ({len(differ)} of {len(common)} common turns "
+            f"differ: {shown}{' …' if len(differ) > 5 else ''}); agreement needs the same responses "
+            "(re-judge one run with `judge RUN --rejudge --out NEW`)"
+        )
+    return common

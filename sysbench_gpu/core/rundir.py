@@ -43,7 +43,7 @@ from sysbench_gpu.core.records import (
     _key_fields,
     _record_to_json,
 )
-from sysbench_gpu.core.redact import redact_obj
+from sysbench_gpu.core.redact import redact_settings
 
 MANIFEST = "manifest.json"
 SESSIONS = "sessions.json"
@@ -105,9 +105,10 @@ class JsonlStore(Generic[Record]):
             try:
                 record = self._from_dict(obj)
             except _FieldError as error:
-                key = obj.get("system_id"), obj.get("turn")
                 located = (
-                    f" (session {key[0]}, turn {key[1]})" if error.name not in ("system_id", "turn", "record") else ""
+                    f" (session {obj.get('system_id')}, turn {obj.get('turn')})"
+                    if isinstance(obj, dict) and error.name not in ("system_id", "turn", "record")
+                    else ""
                 )
                 raise SysbenchError(f"{self.path}: line {number}{located}, field {error.name!r} {error}") from None
             yield number, record
@@ -229,7 +230,8 @@ class RunDir:
     def update_manifest(self, stage: str | None = None, **fields: Any) -> dict[str, Any]:
         """Merge ``fields`` into the manifest (under ``stages[stage]`` when given) and write it atomically.
 
-        Every string written passes through ``redact``: no secret reaches the manifest.
+        Secret-named fields and URL credentials are replaced (``redact.redact_settings``);
+        the model name, paths, labels and other settings are written as given.
         """
         manifest = self.read_manifest()
         now = utc_now()
@@ -243,7 +245,7 @@ class RunDir:
             section = manifest.setdefault("stages", {}).setdefault(stage, {})
             section.update(fields)
             section["updated"] = now
-        manifest = redact_obj(manifest)
+        manifest = redact_settings(manifest)
         write_json_atomic(self.manifest_path, manifest)
         return manifest
 

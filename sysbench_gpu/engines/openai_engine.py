@@ -6,10 +6,11 @@ retries transient failures (429, 5xx, dropped connections, timeouts) with capped
 exponential backoff and jitter (``engines.retry``). The client's own retries are
 switched off, so ours are the only ones and they are counted.
 
-The API key is read from the environment variable named by ``api_key_env`` and is
-registered with ``redact`` at once, together with any credentials in ``base_url``:
-from then on no log line, error, manifest field or stored reply can carry it.
-Replies are passed through ``redact`` too, in case a server echoes the key.
+The API key is read from the environment variable named by ``api_key_env`` and joins
+the command's :class:`~sysbench_gpu.core.redact.Secrets`, together with any credentials
+in ``base_url``. Error texts and replies are scrubbed with them, in case a server echoes
+the key, and the hits are counted under ``redactions`` in ``describe()`` (the manifest).
+The model name and every other setting are recorded as given.
 """
 
 from __future__ import annotations
@@ -24,12 +25,7 @@ from typing import Any
 
 from sysbench_gpu.core.chat import ChatMessage
 from sysbench_gpu.core.errors import SysbenchError
-from sysbench_gpu.core.redact import (
-    redact,
-    redact_url,
-    register_secret,
-    register_url_secrets,
-)
+from sysbench_gpu.core.redact import RedactionTally, Secrets, redact_url
 from sysbench_gpu.engines.base import Completion, SamplingSpec
 from sysbench_gpu.engines.retry import (
     Clock,
@@ -68,6 +64,7 @@ class OpenAIEngine:
         backoff_max_s: float = 30.0,
         clock: Clock | None = None,
         rng_seed: int | None = None,
+        secrets: Secrets | None = None,
     ) -> None:
         import openai  # lazy: the CLI must start without it
 
@@ -90,8 +87,8 @@ class OpenAIEngine:
         self._seed_accepted: bool | None = None  # unknown until a seeded request comes back
 
         api_key = os.environ.get(api_key_env) if api_key_env else None
-        register_secret(api_key)
-        register_url_secrets(self.base_url)
+        self.secrets = (secrets or Secrets()).adding(api_key).adding_url(self.base_url)
+        self.redactions = RedactionTally()
         if not api_key:
             if self.base_url is None:
                 raise SysbenchError(
@@ -174,6 +171,8 @@ class OpenAIEngine:
             clock=self._clock,
             rng=rng,
             counter=self.retries,
+            secrets=self.secrets,
+            tally=self.redactions,
         )
         if "seed" in kwargs and self._seed_accepted is None:
             self._seed_accepted = True
@@ -204,6 +203,7 @@ class OpenAIEngine:
                 "jitter": self.policy.jitter,
             },
             "retries": self.retries.snapshot(),
+            "redactions": self.redactions.snapshot(),  # secrets replaced in replies and error texts
             "seed_accepted": self._seed_accepted,
             "context_length": self._context_length,
             "openai_version": getattr(self._openai, "__version__", None),
@@ -255,7 +255,7 @@ class OpenAIEngine:
     def _completion(self, response: Any, label: str, attempts: int, reasons: list[str]) -> Completion:
         choices = getattr(response, "choices", None) or []
         if not choices:
-            raise NotRetryable(label, SysbenchError("the server answered with no choices"))
+            raise NotRetryable(label, SysbenchError("the server answered with no choices"), self.secrets)
         choice = choices[0]
         message = getattr(choice, "message", None)
         text = getattr(message, "content", None) or ""
@@ -267,8 +267,10 @@ class OpenAIEngine:
         served_model = getattr(response, "model", None)
         if served_model and served_model != self.model:
             extra["served_model"] = served_model
+        text, hits = self.secrets.scrub_reply(text)
+        self.redactions.add("replies", hits)
         return Completion(
-            text=redact(text),
+            text=text,
             prompt_tokens=getattr(usage, "prompt_tokens", None) if usage is not None else None,
             output_tokens=getattr(usage, "completion_tokens", None) if usage is not None else None,
             cached_prompt_tokens=getattr(details, "cached_tokens", None) if details is not None else None,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from sysbench_gpu.core.errors import SysbenchError
-from sysbench_gpu.core.redact import redact
+from sysbench_gpu.core.redact import RedactionTally, Secrets
 
 log = logging.getLogger(__name__)
 
@@ -90,23 +90,36 @@ class SystemClock:
 class RetriesExhausted(SysbenchError):
     """Every try of one request failed; names the request and the last error."""
 
-    def __init__(self, label: str, attempts: int, last_error: BaseException, reasons: list[str]) -> None:
+    def __init__(
+        self,
+        label: str,
+        attempts: int,
+        last_error: BaseException,
+        reasons: list[str],
+        secrets: Secrets | None = None,
+        tally: RedactionTally | None = None,
+    ) -> None:
         self.label = label
         self.attempts = attempts
         self.last_error = last_error
         self.reasons = reasons
-        super().__init__(
-            f"{label}: gave up after {attempts} attempts ({', '.join(reasons)}); last error: {_error_text(last_error)}"
-        )
+        text = _error_text(last_error, secrets, tally)
+        super().__init__(f"{label}: gave up after {attempts} attempts ({', '.join(reasons)}); last error: {text}")
 
 
 class NotRetryable(SysbenchError):
     """A failure that retrying cannot fix (bad request, authentication, unknown model)."""
 
-    def __init__(self, label: str, error: BaseException) -> None:
+    def __init__(
+        self,
+        label: str,
+        error: BaseException,
+        secrets: Secrets | None = None,
+        tally: RedactionTally | None = None,
+    ) -> None:
         self.label = label
         self.error = error
-        super().__init__(f"{label}: request failed without retry: {_error_text(error)}")
+        super().__init__(f"{label}: request failed without retry: {_error_text(error, secrets, tally)}")
 
 
 @dataclass
@@ -146,13 +159,16 @@ def call_with_retries(
     clock: Clock | None = None,
     rng: random.Random | None = None,
     counter: RetryCounter | None = None,
+    secrets: Secrets | None = None,
+    tally: RedactionTally | None = None,
 ) -> tuple[T, int, list[str]]:
     """Run ``operation`` until it succeeds, retrying transient failures.
 
     Returns ``(value, attempts, retry_reasons)``. Raises :class:`NotRetryable` at
     once for an error ``classify`` rejects, and :class:`RetriesExhausted` after
     ``policy.max_retries`` retries. Other exceptions (KeyboardInterrupt, bugs in
-    ``operation``) are not caught unless ``classify`` accepts them.
+    ``operation``) are not caught unless ``classify`` accepts them. An error's text
+    (a server may echo the key in it) is scrubbed with ``secrets``, hits counted in ``tally``.
     """
     clock = clock or SystemClock()
     rng = rng or random.Random()
@@ -167,12 +183,12 @@ def call_with_retries(
             if verdict is None:
                 if counter is not None:
                     counter.record(attempt, reasons, failed=True)
-                raise NotRetryable(label, error) from error
+                raise NotRetryable(label, error, secrets, tally) from error
             reasons.append(verdict.reason)
             if len(reasons) > policy.max_retries:
                 if counter is not None:
                     counter.record(attempt, reasons[:-1], failed=True)
-                raise RetriesExhausted(label, attempt, error, reasons) from error
+                raise RetriesExhausted(label, attempt, error, reasons, secrets, tally) from error
             delay = policy.delay_s(len(reasons), verdict.retry_after_s, rng)
             log.warning(
                 "%s: %s (attempt %d of %d); retrying in %.2f s",
@@ -217,9 +233,12 @@ def parse_retry_after(headers: Mapping[str, str] | None, now: Callable[[], float
     return max(when.timestamp() - now(), 0.0)
 
 
-def _error_text(error: BaseException) -> str:
+def _error_text(error: BaseException, secrets: Secrets | None, tally: RedactionTally | None) -> str:
     # A server's error body may echo the key.
-    text = redact(str(error).strip()) or type(error).__name__
+    text, hits = (secrets or Secrets()).scrub_counted(str(error).strip())
+    if tally is not None:
+        tally.add("errors", hits)
+    text = text or type(error).__name__
     if len(text) > 500:
         text = text[:500] + "..."
     return f"{type(error).__name__}: {text}"

@@ -1,6 +1,7 @@
 """How much memory the vllm engine asks for, decided from what is free, and why.
 
-On GPUs vLLM takes ``gpu_memory_utilization`` of the device (default 0.9). On the CPU
+On GPUs vLLM takes ``gpu_memory_utilization`` of the device; its default is read from the
+installed vLLM (``EngineArgs``, 0.92 in vLLM 0.32), never copied. On the CPU
 build the same fraction is taken of the NUMA node's *total* memory and checked against
 what is *available* at start-up, so the fixed 0.9 fails as soon as other processes hold
 a few GiB ("Available memory on node 0 (8.27/9.71 GiB) ... is less than desired CPU
@@ -21,6 +22,8 @@ sentence saying why) goes into the manifest through ``describe()``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,13 +31,51 @@ from typing import Any
 
 GIB = 1 << 30
 MIB = 1 << 20
-GPU_DEFAULT_UTILIZATION = 0.9
+# Only where vLLM is not installed and a number is still needed (profile's what-ifs): vLLM 0.32's default.
+FALLBACK_GPU_MEMORY_UTILIZATION = 0.92
 CPU_KV_FRACTION = 0.5  # of what is left: the rest stays free for activations and other processes
 CPU_RESERVE_BYTES = 3 * GIB // 2  # vLLM's front end, engine core and worker each import torch (~0.4 GiB)
 CPU_KV_MIN_BYTES = 256 * MIB  # one 8k-token sequence of a small model
 # CPU runs are for development: 4 GiB holds ~190k tokens of SmolLM2 or one 32k-token
 # sequence of an 8B model; more only slows start-up. VLLM_CPU_KVCACHE_SPACE raises it.
 CPU_KV_MAX_BYTES = 4 * GIB
+
+
+@dataclass(frozen=True)
+class UtilizationDefault:
+    """vLLM's default ``gpu_memory_utilization`` as the installed vLLM declares it, or why it is unknown."""
+
+    value: float | None
+    why: str = ""  # set when value is None
+
+    def describe(self) -> dict[str, Any]:
+        described: dict[str, Any] = {"gpu_memory_utilization_default": self.value}
+        if self.value is None:
+            described["gpu_memory_utilization_default_why"] = self.why
+        return described
+
+    def value_or_fallback(self) -> tuple[float, str]:
+        """The default, or ``FALLBACK_GPU_MEMORY_UTILIZATION`` with where it comes from."""
+        if self.value is not None:
+            return self.value, "vllm.engine.arg_utils.EngineArgs default"
+        return FALLBACK_GPU_MEMORY_UTILIZATION, f"fallback (vLLM 0.32's default): {self.why}"
+
+
+@functools.cache
+def vllm_default_utilization() -> UtilizationDefault:
+    """Read once per process (importing vLLM takes seconds); ``vllm_default_utilization.cache_clear()`` to reread."""
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+    except ModuleNotFoundError as error:
+        if error.name is not None and error.name.split(".")[0] == "vllm":
+            return UtilizationDefault(None, "vllm is not installed")
+        return UtilizationDefault(None, f"vllm does not import: {error}")
+    except Exception as error:  # noqa: BLE001 (a broken build fails in many ways; the manifest says which)
+        return UtilizationDefault(None, f"vllm does not import: {str(error).splitlines()[0][:200]}")
+    found = {f.name: f.default for f in dataclasses.fields(EngineArgs)}.get("gpu_memory_utilization")
+    if not isinstance(found, (int, float)) or isinstance(found, bool):
+        return UtilizationDefault(None, f"vllm's EngineArgs declares no numeric gpu_memory_utilization ({found!r})")
+    return UtilizationDefault(float(found))
 
 
 @dataclass(frozen=True)
@@ -76,8 +117,12 @@ def plan_memory(
     node: NodeMemory | None = None,
     weights_bytes: int = 0,
     replicas: int = 1,
+    utilization_default: UtilizationDefault | None = None,
 ) -> MemoryPlan:
-    """Decide the memory arguments for ``vllm.LLM``; ``node`` is read only for the CPU auto plan."""
+    """Decide the memory arguments for ``vllm.LLM``; ``node`` is read only for the CPU auto plan.
+
+    ``utilization_default`` (read from vLLM when None) is only recorded, for the GPU default plan.
+    """
     explicit: dict[str, Any] = {}
     if gpu_memory_utilization is not None:
         explicit["gpu_memory_utilization"] = gpu_memory_utilization
@@ -88,9 +133,9 @@ def plan_memory(
             return MemoryPlan("gpu", "kv_cache_memory_bytes", explicit, "KV cache size as given")
         if gpu_memory_utilization is not None:
             return MemoryPlan("gpu", "gpu_memory_utilization", explicit, "fraction of GPU memory as given")
-        return MemoryPlan(
-            "gpu", "default", {"gpu_memory_utilization": GPU_DEFAULT_UTILIZATION}, "vLLM's usual share of each GPU"
-        )
+        # Nothing passed: vLLM applies its own default; the manifest records what that is.
+        default = utilization_default or vllm_default_utilization()
+        return MemoryPlan("gpu", "default", {}, "vLLM's default share of each GPU", default.describe())
     space = environ.get("VLLM_CPU_KVCACHE_SPACE", "")
     if space != "":
         # vLLM's CPU platform turns it into kv_cache_memory_bytes and it wins over ours.

@@ -17,7 +17,6 @@ text is put into the page with ``textContent``, never as HTML.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -33,6 +32,8 @@ from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.rundir import package_versions, utc_now, write_bytes_atomic, write_json_atomic
 from sysbench_gpu.explore import attention as attn
 from sysbench_gpu.explore import data, sessions
+from sysbench_gpu.explore.arena import build_arena_pages
+from sysbench_gpu.explore.scripts import js_assignment, keyed_assignment
 from sysbench_gpu.reporting.report import EXPLORER_DIRNAME
 
 log = logging.getLogger(__name__)
@@ -55,32 +56,11 @@ ATTENTION_GLOBAL = "SYSBENCH_EXPLORE_ATTENTION"
 # ---------------------------------------------------------------- data files
 
 
-def js_assignment(target: str, value: Any) -> bytes:
-    """``target = <JSON>;`` as a script. JSON is valid JavaScript; ``</`` and U+2028/9 are escaped anyway."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    text = text.replace("</", "<\\/").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
-    return f"{target} = {text};\n".encode()
-
-
-def keyed_assignment(name: str, key: str, value: Any) -> bytes:
-    """A data file that adds one entry to ``window[name]`` under its session's key."""
-    head = f"window.{name} = window.{name} || {{}};\n".encode()
-    return head + js_assignment(f"window.{name}[{json.dumps(str(key))}]", value)
-
-
 def session_file(kind: str, key: str) -> str:
     """A session's data file: ``data/<kind>/<benchmark>-<system_id>.js`` (``key`` as ``data.key_text``)."""
     if not key or "/" in key or key.startswith("."):
         raise SysbenchError(f"explore: {key!r} is not a session key")
     return f"data/{kind}/{key}.js"
-
-
-def read_data_file(path: Path) -> Any:
-    """The JSON value of a data file written by :func:`js_assignment` (for tests and checks)."""
-    text = path.read_text(encoding="utf-8")
-    body = text.rstrip().rsplit("\n", 1)[-1]
-    value = body.split(" = ", 1)[1].rstrip(";")
-    return json.loads(value)
 
 
 # ---------------------------------------------------------------- the site
@@ -133,6 +113,9 @@ def build_site(
     """Write the site; returns counts and sizes (also recorded in the site's manifest.json)."""
     if not run_dirs:
         raise SysbenchError("explore: give at least one run directory")
+    if resamples < 1:
+        # Checked here: a run whose metrics fail is shown as unscored, which would hide a bad flag.
+        raise SysbenchError(f"--resamples must be at least 1, got {resamples}")
     started = time.perf_counter()
     out = Path(out)
     _check_out(out)
@@ -238,7 +221,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a static HTML site to read sessions, verdicts or scores, and token-level attention",
         description="Write a self-contained static site (opens from disk, no server) for one or more runs.",
     )
-    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (generated, judged or imported)")
+    parser.add_argument("runs", nargs="*", metavar="RUN_DIR", help="run directories (generated, judged or imported)")
     parser.add_argument(
         "--attention",
         nargs="+",
@@ -252,6 +235,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="site folder (created; an earlier site there is updated); a report whose folder is "
         f"beside a folder named {EXPLORER_DIRNAME!r} links to it",
     )
+    parser.add_argument(
+        "--arena", metavar="ARENA_DIR", help="also a page of this arena's battles (sysbench-gpu arena --out)"
+    )
     parser.add_argument("--title", help="page title (default: the run labels)")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples for the metric CIs")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
@@ -259,6 +245,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_explore(args: argparse.Namespace) -> int:
+    if args.arena and not args.runs:
+        return _cmd_arena(args)
     summary = build_site(
         args.runs, args.out, args.attention, resamples=args.resamples, seed=args.seed, title=args.title
     )
@@ -267,5 +255,15 @@ def _cmd_explore(args: argparse.Namespace) -> int:
         f"wrote {out / 'index.html'}: {summary['n_runs']} run(s), {summary['n_sessions']} sessions "
         f"({summary['n_sessions_with_attention']} with attention), {summary['files_written']} files, "
         f"{summary['data_bytes'] / 1e6:.1f} MB of data in {summary['seconds']:.1f} s"
+    )
+    return _cmd_arena(args) if args.arena else 0
+
+
+def _cmd_arena(args: argparse.Namespace) -> int:
+    """The arena page, beside a site of the runs or alone (after the site: it refuses a folder that is not one)."""
+    arena = build_arena_pages(args.arena, args.out)
+    print(
+        f"wrote {Path(args.out) / 'arena.html'}: {arena['n_battles']} battles in {arena['n_sessions']} sessions, "
+        f"{arena['data_bytes'] / 1e6:.1f} MB of data"
     )
     return 0

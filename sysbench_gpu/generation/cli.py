@@ -8,9 +8,10 @@ cannot have) are found before the engine loads.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
-from sysbench_gpu.benchmarks.registry import benchmark_names, load_dataset
+from sysbench_gpu.benchmarks.registry import benchmark_names, generation_presets, load_dataset
 from sysbench_gpu.core.ablation_files import DEFAULT_DISTRACTOR_SEED
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.locks import is_primary_rank, stage_lock
@@ -126,6 +127,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="MT-Eval: the system message (default: MT-Eval's assistant message; '' sends none)",
     )
     parser.add_argument("--task", help="MT-Eval: the task when the file name does not say (e.g. refinement_multi)")
+    presets = generation_presets()
+    parser.add_argument(
+        "--preset",
+        choices=sorted(presets),
+        help="a benchmark's published decoding: "
+        + "; ".join(f"{name}: {preset.description}" for name, (_, preset) in sorted(presets.items())),
+    )
     parser.add_argument(
         "--skip-missing-reference",
         action="store_true",
@@ -199,8 +207,36 @@ def settings_from_args(args: argparse.Namespace) -> GenerateSettings:
     )
 
 
+def apply_preset(args: argparse.Namespace) -> str | None:
+    """Fill the decoding flags from ``--preset``; a flag given with another value is one line."""
+    name = getattr(args, "preset", None)
+    if name is None:
+        return None
+    benchmark, preset = generation_presets()[name]
+    if args.benchmark not in (None, benchmark.name):
+        raise SysbenchError(
+            f"--preset {name} is for {benchmark.title or benchmark.name} data, not --benchmark {args.benchmark}"
+        )
+    args.benchmark = benchmark.name
+    for flag, value in (
+        ("temperature", preset.temperature),
+        ("max_tokens", preset.max_tokens),
+        ("system_message", preset.system_message),
+    ):
+        given = getattr(args, flag)
+        if value is None or given == value:
+            continue
+        if given is not None:
+            raise SysbenchError(
+                f"--preset {name} sets --{flag.replace('_', '-')} {value!r}; drop --{flag.replace('_', '-')} {given!r}"
+            )
+        setattr(args, flag, value)
+    return name
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
+    preset = apply_preset(args)
+    settings = dataclasses.replace(settings_from_args(args), preset=preset)
     options = engine_options_from_args(args.engine, args)
     dataset = load_dataset(args.data, system_message=args.system_message, task=args.task, benchmark=args.benchmark)
     ids = parse_session_ids(args.sessions)
@@ -230,7 +266,9 @@ def _generate_locked(
     model = args.model
     if args.engine in ("hf", "vllm"):
         model = resolve_model(args.model)
-    engine = get_engine(args.engine, model=model, **options)
+    # The command's secrets go to the engine that talks to a server; they are not an option to record.
+    extra = {"secrets": args.secrets} if args.engine == "openai" and getattr(args, "secrets", None) else {}
+    engine = get_engine(args.engine, model=model, **options, **extra)
     try:
         summary = run_generation(
             engine,

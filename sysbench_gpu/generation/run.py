@@ -99,6 +99,7 @@ def _run_generation_locked(
             **settings.ablation(),
             distractors_file=DISTRACTORS_FILE if settings.distractor_turns else None,
             sampling=sampling_json(settings.sampling),
+            preset=settings.preset,
             data_sha256=dataset.sha256,
             engine_options=dict(engine_options or {}),
             engine_describe=described,
@@ -112,7 +113,12 @@ def _run_generation_locked(
             system_fold_separator=SYSTEM_FOLD_SEPARATOR if scheduler.fold_system else None,
             started=utc_now(),
         )
-    scheduler.run()
+    try:
+        scheduler.run()
+    finally:
+        if writes:
+            # Refreshed at the end, stopped or not: retries and secrets redacted so far are counted in it.
+            run_dir.update_manifest(STAGE, engine_describe=engine.describe())
     wanted = {(s.system_id, turn) for s in sessions for turn in plan.answered(s)}
     done = [r for k, r in scheduler.records.items() if k in wanted]
     summary = GenerateSummary(

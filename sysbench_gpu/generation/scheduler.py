@@ -26,7 +26,6 @@ from typing import Any
 from sysbench_gpu.benchmarks.registry import benchmark_of
 from sysbench_gpu.core.chat import ChatMessage
 from sysbench_gpu.core.errors import SysbenchError, where
-from sysbench_gpu.core.jsonio import read_json
 from sysbench_gpu.core.messages import (
     SYSTEM_FOLD_SEPARATOR,
     conversation_for_turn,
@@ -35,6 +34,7 @@ from sysbench_gpu.core.messages import (
     fold_system_message,
 )
 from sysbench_gpu.core.records import GenerationRecord, Key
+from sysbench_gpu.core.run_stats import read_stats
 from sysbench_gpu.core.rundir import RunDir, utc_now, write_json_atomic
 from sysbench_gpu.core.sessions import Session
 from sysbench_gpu.engines.base import Completion, Engine, SamplingSpec, chat_sessions
@@ -321,5 +321,5 @@ def effective_max_tokens(engine: Engine, sampling: SamplingSpec) -> int:
 def _read_stats_calls(run_dir: RunDir) -> list[dict[str, Any]]:
     if not run_dir.stats_path.exists():
         return []
-    stats = read_json(run_dir.stats_path, expect=dict)
-    return list(stats.get("calls", [])) if stats.get("stage") == STAGE else []
+    stats = read_stats(run_dir.stats_path)  # a damaged file: one error naming its field, before any work
+    return list(stats["calls"]) if stats.get("stage") == STAGE else []

@@ -11,6 +11,8 @@ from sysbench_gpu.core.ablation_files import (
     check_ablation_compatible,
 )
 from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.redact import redact_settings
+from sysbench_gpu.core.run_stats import read_stats
 from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.core.sessions import Dataset, Session
 from sysbench_gpu.engines.base import SamplingSpec
@@ -42,6 +44,7 @@ class GenerateSettings:
     skip_missing_reference: bool = False
     distractor_turns: int = 0  # unrelated exchanges before user turn 1 (SysBench ablation)
     distractor_seed: int = 0
+    preset: str | None = None  # ``--preset``: the benchmark's published decoding the flags were filled from
 
     def __post_init__(self) -> None:
         if self.history not in HISTORY_MODES:
@@ -90,15 +93,20 @@ def check_compatible(run_dir: RunDir, settings: GenerateSettings, dataset: Datas
                 f"(no '{STAGE}' stage in {run_dir.manifest_path.name}); use a new --out"
             )
         return
+    if run_dir.stats_path.exists():
+        read_stats(run_dir.stats_path)  # a damaged stats.json stops the resume now, not after the model loads
     # One ablation per run directory: history, distractor turns and seed first.
     check_ablation_compatible(section, settings.ablation(), str(run_dir.manifest_path))
-    wanted = {
-        "model": settings.model,
-        "engine": settings.engine,
-        "sampling": sampling_json(settings.sampling),
-        "data_sha256": dataset.sha256,
-        "system_message": system_message_of(list(dataset.sessions)),
-    }
+    # The stored section went through redact_settings when written; the wanted one gets the same treatment.
+    wanted = redact_settings(
+        {
+            "model": settings.model,
+            "engine": settings.engine,
+            "sampling": sampling_json(settings.sampling),
+            "data_sha256": dataset.sha256,
+            "system_message": system_message_of(list(dataset.sessions)),
+        }
+    )
     for name in LOCKED_FIELDS:
         old, new = section.get(name), wanted[name]
         if name == "sampling" and isinstance(old, dict):

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sysbench_gpu.benchmarks.registry import load_run_sessions, one_benchmark, run_benchmark
+from sysbench_gpu.benchmarks.registry import judge_options, load_run_sessions, one_benchmark, run_benchmark
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.locks import is_primary_rank, stage_lock
 from sysbench_gpu.core.rundir import MANIFEST, RunDir
@@ -92,6 +92,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--limit", type=int, help="only the first N sessions")
     parser.add_argument("--sessions", help="only these system ids (comma-separated), before --limit")
     parser.add_argument("--json", action="store_true", help="machine-readable output (agreement, dry run)")
+    for option, (choices, text) in judge_options().items():
+        parser.add_argument("--" + option.replace("_", "-"), dest=option, choices=choices, help=text)
     parser.set_defaults(func=main)
 
 
@@ -125,6 +127,7 @@ def make_engine_factory(
             concurrency=args.concurrency,
             max_retries=args.api_retries,
             timeout=args.timeout,
+            secrets=getattr(args, "secrets", None),
         )
     if args.seed is not None:
         options.setdefault("seed", args.seed)
@@ -157,7 +160,8 @@ def main(args: argparse.Namespace) -> int:
     options = _engine_options(args.engine_option)
     primary = is_primary_rank(options)
     source = RunDir(args.run_dir)
-    benchmark = run_benchmark(source)
+    benchmark_options = {option: getattr(args, option, None) for option in judge_options()}
+    benchmark = run_benchmark(source).configured(benchmark_options)
     flag_error = benchmark.judge_flag_error(
         template=bool(args.template or args.template_lang), score_templates=bool(args.mteval_template)
     )
@@ -192,7 +196,9 @@ def main(args: argparse.Namespace) -> int:
             score_templates=benchmark.judge_templates(args.mteval_template),
         )
     if args.dry_run:
-        report = dry_run_report(run, settings, args.limit, fresh=args.rejudge, system_ids=system_ids)
+        report = dry_run_report(
+            run, settings, args.limit, fresh=args.rejudge, system_ids=system_ids, options=benchmark_options
+        )
         if args.json:
             print(json.dumps(report, ensure_ascii=False, indent=2))
         else:
@@ -232,6 +238,7 @@ def main(args: argparse.Namespace) -> int:
             retry_unparsed=args.retry_unparsed,
             primary=primary,
             lock=False,
+            options=benchmark_options,
         )
     if primary:
         ruled = f"scored by rule {summary.scored_by_rule}; " if summary.scored_by_rule else ""

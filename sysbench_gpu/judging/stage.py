@@ -35,7 +35,7 @@ Guarantees:
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -115,6 +115,7 @@ def plan_run(
     limit: int | None,
     system_ids: SessionIds | Sequence[int] | None,
     generations: dict | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> JudgePlan:
     """The plan for this run's benchmark (SysBench checklists, MT-Eval scores by judge and rules).
 
@@ -122,7 +123,8 @@ def plan_run(
     otherwise the benchmark says in one line what needs the judge.
     """
     generations = run.generations.read() if generations is None else generations
-    return benchmark_of(sessions).plan_judging(run, sessions, generations, judged, settings, limit, system_ids)
+    benchmark = benchmark_of(sessions).configured(options or {})
+    return benchmark.plan_judging(run, sessions, generations, judged, settings, limit, system_ids)
 
 
 def judge_run(
@@ -136,6 +138,7 @@ def judge_run(
     *,
     primary: bool = True,
     lock: bool = True,
+    options: Mapping[str, Any] | None = None,
 ) -> JudgeSummary:
     """Judge every pending turn of ``run``; the engine is built only when there is work.
 
@@ -150,11 +153,14 @@ def judge_run(
     is False on the non-primary ranks of a torchrun launch, and an engine whose
     ``is_primary`` is False makes it so too. Nothing is written before the engine
     is built, so every rank plans from the same files. ``lock``: hold the judge's
-    stage lock of ``run`` for the call (False when the caller holds it already).
+    stage lock of ``run`` for the call (False when the caller holds it already). ``options``: the
+    benchmark's judge options (``Benchmark.judge_options``), None where not given.
     """
     run.require()
     with stage_lock(run.path, STAGE, enabled=lock and primary):
-        return _judge_run(run, settings, engine_factory, limit, show_progress, system_ids, retry_unparsed, primary)
+        return _judge_run(
+            run, settings, engine_factory, limit, show_progress, system_ids, retry_unparsed, primary, options or {}
+        )
 
 
 def _judge_run(
@@ -166,9 +172,10 @@ def _judge_run(
     system_ids: SessionIds | Sequence[int] | None,
     retry_unparsed: bool,
     primary: bool,
+    options: Mapping[str, Any],
 ) -> JudgeSummary:
     sessions = load_run_sessions(run)
-    settings = benchmark_of(sessions).judge_settings(settings)
+    settings = benchmark_of(sessions).configured(options).judge_settings(settings)
     generations = run.generations.read()
     existing = run.judgments.read()
     if settings is not None:
@@ -183,7 +190,7 @@ def _judge_run(
             previous = run.stage_section(STAGE).get("retry_rounds", 0)
             settings = replace(settings, retry_round=int(previous) + 1)
             existing = {k: r for k, r in existing.items() if k not in retry}
-    plan = plan_run(run, sessions, set(existing), settings, limit, system_ids, generations)
+    plan = plan_run(run, sessions, set(existing), settings, limit, system_ids, generations, options)
     cache = JudgeCache(settings.cache_dir) if settings is not None and settings.cache_dir is not None else None
     ledger = JudgeLedger.load(run.path, settings.model if settings is not None else "", writes=False)
     if primary:
@@ -227,7 +234,7 @@ def _judge_run(
         if settings is not None:
             _write_manifest(run, settings, summary, engine_info, started, limit, system_ids, ledger, plan)
         else:
-            _write_rules_manifest(run, summary, started, limit, system_ids)
+            _write_rules_manifest(run, summary, started, limit, system_ids, plan)
         if retry and settings is not None:
             run.update_manifest(stage=STAGE, retry_rounds=settings.retry_round)
     if summary.api_errors:
@@ -298,6 +305,7 @@ def _write_rules_manifest(
     started: str,
     limit: int | None,
     system_ids: SessionIds | Sequence[int] | None,
+    plan: JudgePlan,
 ) -> None:
     """An MT-Eval run scored by rules alone; an earlier judge's backend and model are left as they are."""
     statuses, scorers = _statuses(run)
@@ -310,6 +318,7 @@ def _write_rules_manifest(
         "system_ids": list(system_ids) if system_ids is not None else None,
         "last_call": {"started": started, "finished": utc_now(), **asdict(summary)},
         "judgments_by_status": statuses,
+        **plan.options,
     }
     if "backend" not in section:
         fields.update(backend="rules", judge_model=None)
@@ -325,6 +334,7 @@ def dry_run_report(
     limit: int | None,
     fresh: bool = False,
     system_ids: SessionIds | Sequence[int] | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What judging would send, without building an engine or sending anything.
 
@@ -332,9 +342,9 @@ def dry_run_report(
     """
     run.require()
     sessions = load_run_sessions(run)
-    settings = benchmark_of(sessions).judge_settings(settings)
+    settings = benchmark_of(sessions).configured(options or {}).judge_settings(settings)
     existing = {} if fresh else run.judgments.read()
-    plan = plan_run(run, sessions, set(existing), settings, limit, system_ids)
+    plan = plan_run(run, sessions, set(existing), settings, limit, system_ids, options=options)
     cache = JudgeCache(settings.cache_dir) if settings is not None and settings.cache_dir is not None else None
     to_send = [
         t

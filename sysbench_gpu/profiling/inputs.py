@@ -12,7 +12,6 @@ tokenizer, so the same roofline can estimate it (no measured time).
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from sysbench_gpu.benchmarks.registry import load_run_sessions
 from sysbench_gpu.core.errors import SysbenchError, where
 from sysbench_gpu.core.messages import conversation_for_turn, fold_system_message
 from sysbench_gpu.core.records import GenerationRecord
+from sysbench_gpu.core.run_stats import read_stats
 from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.engines.models import is_embedded, resolve_model
 from sysbench_gpu.profiling.roofline import Layout, SequenceTokens
@@ -92,13 +92,7 @@ class RunInputs:
 
 
 def _load_stats(run: RunDir) -> dict[str, Any]:
-    try:
-        stats = json.loads(run.stats_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise SysbenchError(f"{run.stats_path}: not a readable JSON file ({error})") from None
-    if not isinstance(stats, dict) or not isinstance(stats.get("calls"), list):
-        raise SysbenchError(f"{run.stats_path}: field 'calls' is missing or not a list")
-    return stats
+    return read_stats(run.stats_path)
 
 
 def _record_tokens(path: Path, record: GenerationRecord) -> SequenceTokens:
@@ -137,7 +131,7 @@ def read_generated_run(run_dir: str | Path) -> RunInputs:
     calls: list[RunCall] = []
     for index, call in enumerate(stats["calls"], start=1):
         label = call.get("turn")
-        count = int(call.get("requests") or 0) + int(call.get("skipped") or 0)
+        count = call["requests"] + call.get("skipped", 0)  # checked counts (core.run_stats)
         queue = by_turn[label] if isinstance(label, int) else everything
         taken: list[GenerationRecord] = []
         while queue and len(taken) < count:
@@ -162,6 +156,8 @@ def read_generated_run(run_dir: str | Path) -> RunInputs:
                 "but its "
                 f"records in {run.generations.path.name} add up to {prompt}"
             )
+        if not requests:
+            continue  # every request of the call was skipped: nothing ran, so there is nothing to bound
         wall = call.get("wall_s")
         calls.append(
             RunCall(
@@ -173,7 +169,10 @@ def read_generated_run(run_dir: str | Path) -> RunInputs:
             )
         )
     if not calls:
-        raise SysbenchError(f"{run.stats_path}: no calls recorded")
+        raise SysbenchError(
+            f"{run.stats_path}: field 'calls' holds no call with answered requests"
+            f" ({len(stats['calls'])} calls recorded), so there is no work to bound"
+        )
     section = (manifest.get("stages") or {}).get("generate") or {}
     return RunInputs(
         run_dir=run.path,

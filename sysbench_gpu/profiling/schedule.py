@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sysbench_gpu.engines.vllm_memory import FALLBACK_GPU_MEMORY_UTILIZATION
 from sysbench_gpu.profiling.bounds import SegmentBound, concurrent, segment_bound, sequential
 from sysbench_gpu.profiling.inputs import Request, RunCall
 from sysbench_gpu.profiling.roofline import (
@@ -42,7 +43,6 @@ from sysbench_gpu.profiling.roofline import (
 )
 
 DEFAULT_THREADS = 20
-GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of GPU memory for weights + KV
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,8 @@ class Hardware:
     layout: Layout
     weight_bytes: float  # per parameter
     kv_bytes: float  # per cached element
-    memory_utilization: float = GPU_MEMORY_UTILIZATION
+    # Share of device memory for weights + KV. The stage passes vLLM's own default (engines.vllm_memory).
+    memory_utilization: float = FALLBACK_GPU_MEMORY_UTILIZATION
 
     def with_layout(self, layout: Layout) -> Hardware:
         return Hardware(self.shape, self.device, layout, self.weight_bytes, self.kv_bytes, self.memory_utilization)

@@ -22,6 +22,7 @@ from typing import Any
 from sysbench_gpu import __version__
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.rundir import utc_now, write_json_atomic
+from sysbench_gpu.engines.vllm_memory import FALLBACK_GPU_MEMORY_UTILIZATION, vllm_default_utilization
 from sysbench_gpu.profiling.bounds import SegmentBound, sequential
 from sysbench_gpu.profiling.device_specs import load_device_spec
 from sysbench_gpu.profiling.figures import plot_profile
@@ -40,7 +41,6 @@ from sysbench_gpu.profiling.model_config import find_model_config
 from sysbench_gpu.profiling.roofline import Layout, ModelShape, dtype_bytes
 from sysbench_gpu.profiling.schedule import (
     DEFAULT_THREADS,
-    GPU_MEMORY_UTILIZATION,
     Hardware,
     call_bound,
     what_ifs,
@@ -63,7 +63,7 @@ class ProfileOptions:
     tokenizer: str | None = None
     prefix_cache: str = "history"
     cache_block: int = DEFAULT_CACHE_BLOCK
-    memory_utilization: float = GPU_MEMORY_UTILIZATION
+    memory_utilization: float | None = None  # None: vLLM's default (memory_utilization_for)
 
 
 @dataclass
@@ -77,6 +77,7 @@ class Profile:
     run: dict[str, Any]
     what_if: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
+    memory_utilization_source: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -102,6 +103,7 @@ class Profile:
                 "dp": self.hw.layout.dp,
                 "gpus": self.hw.layout.gpus,
             },
+            "memory_utilization": {"value": self.hw.memory_utilization, "source": self.memory_utilization_source},
             "inputs": dict(self.inputs.sources),
             "calls": self.calls,
             "run": self.run,
@@ -167,9 +169,8 @@ def build_profile(inputs: RunInputs, options: ProfileOptions) -> Profile:
     dtype = options.dtype or manifest_dtype(inputs, config)
     kv_dtype = options.kv_dtype or (dtype if not quantized else manifest_dtype(inputs, {}))
     layout = Layout.parse(options.layout, manifest_layout(inputs)) if options.layout else manifest_layout(inputs)
-    if not 0 < options.memory_utilization <= 1:
-        raise SysbenchError(f"--memory-utilization must lie in (0, 1], got {options.memory_utilization}")
-    hw = Hardware(shape, device, layout, dtype_bytes(dtype), dtype_bytes(kv_dtype), options.memory_utilization)
+    memory_utilization, memory_source = memory_utilization_for(options.memory_utilization, device.memory_bytes)
+    hw = Hardware(shape, device, layout, dtype_bytes(dtype), dtype_bytes(kv_dtype), memory_utilization)
     engine = inputs.engine
     batch_size = inputs.described.get("batch_size") if engine == "hf" else None
     if engine == "hf" and layout.gpus > 1:
@@ -227,7 +228,23 @@ def build_profile(inputs: RunInputs, options: ProfileOptions) -> Profile:
         run=run,
         what_if=[s.to_json(output, reference) for s in scenarios],
         warnings=warnings,
+        memory_utilization_source=memory_source,
     )
+
+
+def memory_utilization_for(given: float | None, device_memory: float | None) -> tuple[float, str]:
+    """The what-ifs' share of device memory and where it comes from.
+
+    Not given: vLLM's default, read from the installed vLLM (imported only here, and only when the
+    device spec gives a memory size, the one case the share is used), else a documented fallback.
+    """
+    if given is not None:
+        if not 0 < given <= 1:
+            raise SysbenchError(f"--memory-utilization must lie in (0, 1], got {given}")
+        return given, "--memory-utilization"
+    if device_memory is None:
+        return FALLBACK_GPU_MEMORY_UTILIZATION, "not used: the device spec gives no memory size"
+    return vllm_default_utilization().value_or_fallback()
 
 
 def profile_run(run_dir: str | Path, options: ProfileOptions) -> Profile:
@@ -344,8 +361,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--memory-utilization",
         type=float,
-        default=GPU_MEMORY_UTILIZATION,
-        help="share of device memory for weights and KV in the what-ifs (default 0.9)",
+        default=None,
+        help="share of device memory for weights and KV in the what-ifs (default: the installed vLLM's default; "
+        f"{FALLBACK_GPU_MEMORY_UTILIZATION} without vLLM)",
     )
     parser.add_argument(
         "--estimate",
@@ -386,13 +404,18 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         cache_block=args.cache_block,
         memory_utilization=args.memory_utilization,
     )
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise SysbenchError(f"{args.out}: --out names a file; profile writes a folder there")
     profile = profile_run(args.run, options)
     data = profile.to_json()
-    data["arguments"] = {k: v for k, v in vars(args).items() if k != "func"}
+    data["arguments"] = {k: v for k, v in vars(args).items() if k not in ("func", "secrets")}
     written: list[Path] = []
     if args.out:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise SysbenchError(f"{out}: cannot create the --out folder ({error.strerror or error})") from None
         if not args.no_figures:
             data["figures"] = [p.name for p in plot_profile(data, out)]
         write_json_atomic(out / PROFILE_JSON, data)

@@ -57,7 +57,11 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
         resamples=args.resamples,
         seed=args.seed,
     )
-    _emit(result, args.json, get_benchmark(loaded.benchmark).format_metrics)
+    benchmark = get_benchmark(loaded.benchmark)
+    warning = benchmark.procedure_warning(loaded.manifest)
+    if warning:
+        print(f"warning: {loaded.label}: {warning}", file=sys.stderr)
+    _emit(result, args.json, benchmark.format_metrics)
     return 0
 
 

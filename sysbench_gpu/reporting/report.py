@@ -104,7 +104,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         formats=formats,
         figures=not args.no_figures,
         metric_options=_metric_options(args),
-        arguments={key: value for key, value in vars(args).items() if key != "func"},
+        arguments={key: value for key, value in vars(args).items() if key not in ("func", "secrets")},
         gt_pairs=pair_paths,
         sort=args.sort,
         data=args.data,

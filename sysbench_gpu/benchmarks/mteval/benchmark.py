@@ -2,25 +2,30 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from sysbench_gpu.benchmarks.base import Benchmark, ReportRequest, ReportResult
+from sysbench_gpu.benchmarks.base import Benchmark, GenerationPreset, ReportRequest, ReportResult
 from sysbench_gpu.benchmarks.explorer import ExploreLayout, TurnView
 from sysbench_gpu.benchmarks.judge_tasks import NEEDS_JUDGE, JudgePlan
 from sysbench_gpu.benchmarks.mteval import (
+    agreement,
     conversation,
     data,
     explore_view,
+    procedure,
     run_metrics,
     scoring,
 )
 from sysbench_gpu.benchmarks.mteval.download import download_mteval
 from sysbench_gpu.benchmarks.mteval.judge_prompt import load_score_template
+from sysbench_gpu.benchmarks.mteval.official_prompts import OFFICIAL_COMMIT, load_official_prompts
 from sysbench_gpu.benchmarks.mteval.report import report_mteval
+from sysbench_gpu.benchmarks.mteval.sentences import RULE_SETS
 from sysbench_gpu.benchmarks.mteval.tasks import BENCHMARK, HF_CONFIGS, HF_DATASET, SCORERS
 from sysbench_gpu.benchmarks.registry import register_benchmark
 from sysbench_gpu.core.chat import ChatMessage
@@ -42,6 +47,21 @@ class MTEval(Benchmark):
     compares_many: ClassVar[bool] = True
     rule_scored: ClassVar[bool] = True
     scorers: ClassVar[tuple[str, ...]] = SCORERS
+    judge_options: ClassVar[Mapping[str, tuple[tuple[str, ...], str]]] = {
+        "judge_prompts": (
+            scoring.PROMPT_SETS,
+            "MT-Eval: the authors' four judge prompts, filled as evaluate.py fills them (official, the default), "
+            "or our reworded three (ours)",
+        ),
+        "rules": (
+            RULE_SETS,
+            "MT-Eval: rule verdicts as the authors' code gives them (official, the default: Punkt sentences, "
+            "first-code-point emoji, plain cls substring) or our lenient variants (lenient)",
+        ),
+    }
+    # The judge options in force (``configured`` makes a copy with others).
+    rules: str = RULE_SETS[0]
+    prompts: str = scoring.PROMPT_SETS[0]
 
     # -- data ------------------------------------------------------------------
     def claims(self, text: str) -> bool:
@@ -117,6 +137,12 @@ class MTEval(Benchmark):
             "system_message": (messages[0] if len(messages) == 1 else messages) if sessions else None,
         }
 
+    def generation_presets(self) -> tuple[GenerationPreset, ...]:
+        return (procedure.PAPER_PRESET,)
+
+    def procedure_warning(self, manifest: Mapping[str, Any]) -> str | None:
+        return procedure.procedure_warning(manifest)
+
     # -- judging ---------------------------------------------------------------
     def judge_flag_error(self, *, template: bool, score_templates: bool) -> str | None:
         if template:
@@ -126,9 +152,22 @@ class MTEval(Benchmark):
             )
         return None
 
+    def configured(self, options: Mapping[str, Any]) -> MTEval:
+        super().configured(options)
+        chosen = copy.copy(self)
+        chosen.rules = options.get("rules") or self.rules
+        chosen.prompts = options.get("judge_prompts") or self.prompts
+        return chosen
+
     def judge_settings(self, settings: Any) -> Any:
         if settings is None:
             return None
+        if self.prompts == "official":
+            if settings.score_templates:
+                raise SysbenchError(
+                    "--mteval-template replaces one of our templates; pass --judge-prompts ours with it"
+                )
+            return dataclasses.replace(settings, score_templates=load_official_prompts())
         builtin = scoring.builtin_score_templates()
         return dataclasses.replace(settings, score_templates={**builtin, **settings.score_templates})
 
@@ -143,15 +182,16 @@ class MTEval(Benchmark):
         system_ids: Any,
     ) -> JudgePlan:
         """1-10 judge tasks and rule-scored records; without a judge, only rule-scored turns may be pending."""
-        templates = settings.score_templates if settings is not None else scoring.builtin_score_templates()
         plan = scoring.plan_mteval(
             sessions,
             dict(generations),
             judged,
-            templates,
+            settings.score_templates if settings is not None else None,
             limit,
             settings.model if settings is not None else None,
             system_ids,
+            rules=self.rules,
+            prompts=self.prompts,
         )
         if settings is None and plan.tasks:
             tasks = ", ".join(plan.judge_tasks)
@@ -166,7 +206,9 @@ class MTEval(Benchmark):
         return {kind: load_score_template(kind, path) for kind, path in scoring.parse_template_options(pairs).items()}
 
     def describe_judge_templates(self, settings: Any) -> str:
-        return "MT-Eval 1-10 templates"
+        if self.prompts == "official":
+            return f"MT-Eval's official 1-10 prompts at {OFFICIAL_COMMIT[:7]}"
+        return "MT-Eval 1-10 templates (ours)"
 
     def judge_manifest(self, settings: Any, plan: JudgePlan, scorers: Mapping[str, int]) -> dict[str, Any]:
         kinds = sorted({task.score_kind for task in plan.tasks if task.score_kind})
@@ -177,7 +219,16 @@ class MTEval(Benchmark):
             },
             "score_scale": "integer 1-10 from the judge; rule-scored turns 0 or 10",
             "scorers": scorers,
+            "rules": plan.options.get("rules"),
+            "judge_prompts": plan.options.get("judge_prompts"),
+            **({"prompts_commit": OFFICIAL_COMMIT} if plan.options.get("judge_prompts") == "official" else {}),
         }
+
+    def judge_agreement(self, run_a: Path, run_b: Path) -> dict[str, Any]:
+        return agreement.mteval_agreement(run_a, run_b)
+
+    def format_agreement(self, report: Mapping[str, Any]) -> str:
+        return agreement.format_agreement(report)
 
     # -- metrics and reports ---------------------------------------------------
     def run_metrics(self, loaded: LoadedRun, **options: Any) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from sysbench_gpu.benchmarks.judge_text import (
     template_hash,
 )
 from sysbench_gpu.benchmarks.mteval.data import answered_turns
-from sysbench_gpu.benchmarks.mteval.rules import count_sentences, count_words
+from sysbench_gpu.benchmarks.mteval.sentences import count_sentences, count_words
 from sysbench_gpu.benchmarks.mteval.tasks import TASKS
 from sysbench_gpu.core.errors import SysbenchError, where
 from sysbench_gpu.core.sessions import Session
@@ -52,7 +52,7 @@ PLACEHOLDERS: Mapping[str, str] = {
     "conversation": "the exchange before the reply and the user's message (follow-up)",
     "response": "the reply under evaluation",
     "num_words": "whitespace-separated words in the reply",
-    "num_sentences": "sentences in the reply",
+    "num_sentences": "sentences in the reply (NLTK Punkt, as the authors count)",
 }
 REQUIRED: Mapping[str, tuple[str, ...]] = {
     "refinement": ("document", "constraints", "response"),

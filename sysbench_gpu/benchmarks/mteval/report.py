@@ -21,6 +21,7 @@ from tqdm import tqdm
 from sysbench_gpu import __version__
 from sysbench_gpu.benchmarks.base import ReportRequest, ReportResult
 from sysbench_gpu.benchmarks.mteval import figures as figs  # matplotlib is imported inside its functions
+from sysbench_gpu.benchmarks.mteval.procedure import procedure_warning
 from sysbench_gpu.benchmarks.mteval.report_rows import (
     MtevalRow,
     MtevalRun,
@@ -37,7 +38,7 @@ from sysbench_gpu.benchmarks.mteval.tables import (
 )
 from sysbench_gpu.benchmarks.mteval.tasks import CATEGORIES
 from sysbench_gpu.core.errors import SysbenchError
-from sysbench_gpu.core.rundir import utc_now, write_json_atomic
+from sysbench_gpu.core.rundir import RunDir, utc_now, write_json_atomic
 from sysbench_gpu.core.tables import (
     Table,
     escape_markdown,
@@ -59,8 +60,12 @@ def write_mteval_report(
     figures: bool = True,
     options: Mapping[str, Any] | None = None,
     arguments: Mapping[str, Any] | None = None,
+    notes: Sequence[str] = (),
 ) -> tuple[list[Path], list[Path], list[str]]:
-    """Write the MT-Eval tables, figure, ``report.md`` and ``report.json``; returns (tables, figures, warnings)."""
+    """Write the MT-Eval tables, figure, ``report.md`` and ``report.json``; returns (tables, figures, warnings).
+
+    ``notes``: warnings known before the rows are built (how runs were made unlike the paper).
+    """
     if not runs:
         raise SysbenchError("report: no runs given")
     out_dir = Path(out_dir)
@@ -69,7 +74,7 @@ def write_mteval_report(
     resamples, seed = int(options.get("resamples", 1000)), int(options.get("seed", 0))
     rows = build_rows(runs, resamples=resamples, seed=seed)
     blocks = side_by_side(rows, resamples=resamples, seed=seed)
-    warnings = [
+    warnings = [*notes] + [
         f"partial run (turns not generated or not judged, or a stage still running): {run.label}"
         for run in runs
         if run.metrics.get("partial")
@@ -249,6 +254,12 @@ def report_mteval(request: ReportRequest) -> ReportResult:
             disable=None,
         )
     ]
+    # Rows beside the published leaderboard say how they were made unlike it.
+    procedure = [
+        f"{label}: {line}"
+        for path, label in zip(request.runs, request.labels, strict=False)
+        if (line := procedure_warning(RunDir(path).read_manifest()))
+    ]
     tables, figures, warnings = write_mteval_report(
         runs,
         request.out,
@@ -256,5 +267,6 @@ def report_mteval(request: ReportRequest) -> ReportResult:
         figures=request.figures,
         options=options,
         arguments=request.arguments,
+        notes=procedure,
     )
     return ReportResult(out_dir=request.out, tables=tables, figures=figures, warnings=warnings)

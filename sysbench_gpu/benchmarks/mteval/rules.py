@@ -1,12 +1,17 @@
-"""Rule scorers for MT-Eval's recollection tasks, and the word and sentence counts the judge is given.
+"""Rule scorers for MT-Eval's recollection tasks, under one of two rule sets (``--rules``).
 
-- Recollection cls (and the ``cls_ablation_*`` files): 10 when the gold label, lower-cased
-  with punctuation turned into spaces, occurs in the response treated the same way; else 0.
+- Recollection cls (and the ``cls_ablation_*`` files): 10 when the gold label occurs in the
+  response; else 0. Both sides have ASCII punctuation turned into spaces and are lower-cased.
+  ``official``: nothing else, as the authors' ``calculate_score.py`` does (so the label's own
+  spaces, trailing ones included, must appear as they are). ``lenient``: whitespace is also
+  collapsed and the label trimmed, so "science  fiction" matches "science-fiction".
 - Recollection global-inst: 10 when the dialogue's verifiable instruction holds for the
   response; else 0. The 14 instruction names are those of MT-Eval's ``utils/global_inst.py``
   (IFEval's checkers as MT-Eval adapted them, plus start_char and start_emoji); each check
-  here follows MT-Eval's semantics, in our own code. Why no IFEval library is used, and where
-  we differ from upstream: docs/mteval.md.
+  here follows MT-Eval's semantics, in our own code. Two checks differ under ``lenient``:
+  ``number_sentences`` counts with our regex splitter instead of Punkt, and ``start_emoji``
+  accepts a whole leading emoji sequence instead of testing the first code point only.
+  Why no IFEval library is used: docs/mteval.md.
 
 Language identification uses ``langdetect`` (the library upstream uses), with a fixed seed so
 a verdict never changes between runs; emoji detection uses the ``emoji`` package. Both are
@@ -24,55 +29,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sysbench_gpu.benchmarks.mteval.sentences import DEFAULT_RULES, RULE_SETS, count_sentences
 from sysbench_gpu.benchmarks.mteval.tasks import TASKS
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.sessions import Session
 
 MAX_SCORE = 10
-
-# ------------------------------------------------------------------ counts
-
-
-# Words before a period that do not end a sentence (lower-case, without the period).
-_ABBREVIATIONS = frozenset(
-    [
-        *("mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc", "e.g", "i.e", "inc", "ltd", "co", "corp"),
-        *("no", "fig", "approx", "dept", "est", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept"),
-        *("oct", "nov", "dec", "u.s", "u.k", "a.m", "p.m", "ph.d"),
-    ]
-)
-_SENTENCE_END = re.compile(r"([.!?]+|[。！？]+)([\"'”’)\]]*)(?=\s|$)|[。！？]+")
-
-
-def count_words(text: str) -> int:
-    """Whitespace-separated words, as upstream counts them for the judge."""
-    return len(text.split())
-
-
-def count_sentences(text: str) -> int:
-    """Sentences, split after . ! ? (and 。！？) that end a word, except after common abbreviations and initials.
-
-    Upstream uses NLTK's punkt model, which needs a data download at run time; this
-    splitter is a small offline stand-in that agrees with punkt on ordinary prose.
-    """
-    body = text.strip()
-    if not body:
-        return 0
-    count = 0
-    start = 0
-    for match in _SENTENCE_END.finditer(body):
-        if match.group(0)[0] == ".":
-            word = body[start : match.start()].split()[-1:] or [""]
-            token = word[0].lower().lstrip("\"'(“‘[")
-            if token in _ABBREVIATIONS or (len(token) == 1 and token.isalpha()):
-                continue  # "Dr. Smith", "J. K. Rowling"
-        if body[start : match.start()].strip():
-            count += 1
-        start = match.end()
-    if body[start:].strip():
-        count += 1
-    return count
-
 
 # ------------------------------------------------------------------ recollection cls
 
@@ -86,12 +48,32 @@ def normalize_label(text: str) -> str:
 _PUNCTUATION_TO_SPACE = str.maketrans({ch: " " for ch in string.punctuation})
 
 
-def score_cls(response: str, gold: str) -> int:
-    """10 when the normalized gold label occurs in the normalized response, else 0 (a plain substring test)."""
+def score_cls(response: str, gold: str, rules: str = DEFAULT_RULES) -> int:
+    """10 when the gold label occurs in the response (``lenient``: both normalized first), else 0."""
+    _check_rules(rules)
+    if rules == "official":
+        if not gold:
+            raise SysbenchError("gold label is empty")
+        return MAX_SCORE if official_label(gold) in official_label(response) else 0
     label = normalize_label(gold)
     if not label:
         raise SysbenchError(f"gold label {gold!r} is empty after normalization")
     return MAX_SCORE if label in normalize_label(response) else 0
+
+
+def official_label(text: str) -> str:
+    """ASCII punctuation turned into spaces, then lower-cased; nothing trimmed or collapsed."""
+    return text.translate(_PUNCTUATION_TO_SPACE).lower()
+
+
+def describe_cls(gold: str, rules: str) -> str:
+    """The label as the cls rule looks for it, for the judgment record."""
+    return repr(official_label(gold) if rules == "official" else normalize_label(gold))
+
+
+def _check_rules(rules: str) -> None:
+    if rules not in RULE_SETS:
+        raise SysbenchError(f"unknown MT-Eval rule set {rules!r} (known: {', '.join(RULE_SETS)})")
 
 
 # ------------------------------------------------------------------ recollection global-inst
@@ -149,7 +131,15 @@ def _starts_with_emoji(response: str, args: Mapping[str, Any]) -> bool:
     import emoji
 
     body = response.strip()
-    # The whole leading emoji sequence counts (flags, keycaps, ZWJ sequences), not only one code point.
+    # As the authors test it: the first code point alone must be an emoji (an empty reply fails).
+    return bool(body) and bool(emoji.is_emoji(body[0]))
+
+
+def _starts_with_emoji_sequence(response: str, args: Mapping[str, Any]) -> bool:
+    import emoji
+
+    body = response.strip()
+    # Lenient: the whole leading emoji sequence counts (flags, keycaps, ZWJ sequences).
     found = emoji.emoji_list(body[:32])
     return bool(body) and bool(found) and found[0]["match_start"] == 0
 
@@ -189,6 +179,11 @@ def _bullet_count_matches(response: str, args: Mapping[str, Any]) -> bool:
 
 def _sentence_count_matches(response: str, args: Mapping[str, Any]) -> bool:
     return SENTENCE_RELATIONS[str(args["relation"])](count_sentences(response), int(args["num_sentences"]))
+
+
+def _regex_sentence_count_matches(response: str, args: Mapping[str, Any]) -> bool:
+    count = count_sentences(response, "lenient")
+    return SENTENCE_RELATIONS[str(args["relation"])](count, int(args["num_sentences"]))
 
 
 def _has_keywords(response: str, args: Mapping[str, Any]) -> bool:
@@ -279,6 +274,11 @@ INSTRUCTIONS: Mapping[str, Instruction] = {
     )
 }
 INSTRUCTION_NAMES: tuple[str, ...] = tuple(INSTRUCTIONS)
+# The checks that ``--rules lenient`` replaces; every other check is the same under both rule sets.
+LENIENT_CHECKS: Mapping[str, Callable[[str, Mapping[str, Any]], bool]] = {
+    "length_constraints:number_sentences": _regex_sentence_count_matches,
+    "startend:start_emoji": _starts_with_emoji_sequence,
+}
 
 
 _ARG_KINDS: Mapping[str, Callable[[Any], bool]] = {
@@ -306,14 +306,16 @@ def check_instruction_args(name: str, args: Mapping[str, Any]) -> str | None:
     return None
 
 
-def check_instruction(name: str, args: Mapping[str, Any], response: str) -> bool:
-    """Whether ``response`` follows instruction ``name`` with ``args`` (validated first)."""
+def check_instruction(name: str, args: Mapping[str, Any], response: str, rules: str = DEFAULT_RULES) -> bool:
+    """Whether ``response`` follows instruction ``name`` with ``args`` (validated first) under ``rules``."""
     if name not in INSTRUCTIONS:
         raise SysbenchError(f"unknown instruction {name!r} (known: {', '.join(INSTRUCTION_NAMES)})")
+    _check_rules(rules)
     problem = check_instruction_args(name, args)
     if problem:
         raise SysbenchError(problem)
-    return INSTRUCTIONS[name].check(response, args)
+    check = LENIENT_CHECKS.get(name, INSTRUCTIONS[name].check) if rules == "lenient" else INSTRUCTIONS[name].check
+    return check(response, args)
 
 
 @functools.lru_cache(maxsize=1)
@@ -351,8 +353,8 @@ class RuleVerdict:
     detail: str  # what was checked, for the judgment record
 
 
-def rule_score(session: Session, turn_index: int, response: str) -> RuleVerdict:
-    """Score an answered turn of a rule-scored task (recollection cls / global-inst, cls ablations)."""
+def rule_score(session: Session, turn_index: int, response: str, rules: str = DEFAULT_RULES) -> RuleVerdict:
+    """Score an answered turn of a rule-scored task (recollection cls / global-inst, cls ablations) under ``rules``."""
     info = TASKS.get(session.task or "")
     turn = session.turn(turn_index)
     where = f"session {session.system_id}, turn {turn_index}"
@@ -363,13 +365,13 @@ def rule_score(session: Session, turn_index: int, response: str) -> RuleVerdict:
     if info.scorer == "cls":
         if not turn.reference:
             raise SysbenchError(f"{where}, field 'sys': no gold label")
-        score = score_cls(response, turn.reference)
+        score = score_cls(response, turn.reference, rules)
         found = "found" if score else "not found"
-        return RuleVerdict(score, "cls", f"gold label {normalize_label(turn.reference)!r} {found} in the response")
+        return RuleVerdict(score, "cls", f"gold label {describe_cls(turn.reference, rules)} {found} in the response")
     dialogue = session.mteval
     if dialogue is None or dialogue.inst_name is None:
         raise SysbenchError(f"{where}, field 'inst_name': missing")
-    followed = check_instruction(dialogue.inst_name, dialogue.inst_args, response)
+    followed = check_instruction(dialogue.inst_name, dialogue.inst_args, response, rules)
     args = json.dumps(dict(dialogue.inst_args), ensure_ascii=False)
     return RuleVerdict(
         MAX_SCORE if followed else 0,

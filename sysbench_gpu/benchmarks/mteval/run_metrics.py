@@ -236,6 +236,13 @@ def format_mteval_metrics(result: Mapping[str, Any]) -> str:
         lines.append(f"  {name:<32}{_by_turn(block['by_turn'])}")
     if mark:
         lines += ["", f"* over the categories present ({', '.join(categories)}), not all four of the leaderboard"]
+    if any(block["scorer"] == "judge" for block in result["tasks"].values()):
+        lines += [
+            "",
+            "judge replies are read strictly (a JSON integer 1-10, else asked again); "
+            f"{result['n_unparsed_turns']} turn(s) stayed unparsed; the authors' parser drops what it cannot read, "
+            "as --exclude-unparsed does",
+        ]
     return "\n".join(lines)
 
 

@@ -4,7 +4,8 @@ Every answered turn of the run's dialogues that has a generation record ends wit
 ``judgments.jsonl`` record carrying a typed ``score`` (0..10) and its ``scorer``:
 
 - refinement, expansion, follow-up (and the irrelevant-context ablation): a
-  :class:`~sysbench_gpu.benchmarks.judge_tasks.JudgeTask` with the rendered 1-10 prompt; the judge
+  :class:`~sysbench_gpu.benchmarks.judge_tasks.JudgeTask` with the 1-10 prompt, from the authors'
+  files (``--judge-prompts official``, ``official_prompts``) or ours (``judge_prompt``); the judge
   stage asks it with the same retries, cache, ledger and unparsed handling as a SysBench
   checklist (``judging.stage.judge_run``);
 - recollection cls (and the cls ablations): ``rules.score_cls``, 10 or 0, no judge;
@@ -32,7 +33,9 @@ from sysbench_gpu.benchmarks.mteval.judge_prompt import (
     load_score_template,
     render_score_prompt,
 )
+from sysbench_gpu.benchmarks.mteval.official_prompts import official_kind, render_official_prompt
 from sysbench_gpu.benchmarks.mteval.rules import rule_score
+from sysbench_gpu.benchmarks.mteval.sentences import DEFAULT_RULES
 from sysbench_gpu.benchmarks.mteval.tasks import BENCHMARK, TASKS
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.records import GenerationRecord, JudgmentRecord
@@ -60,16 +63,36 @@ def parse_template_options(pairs: Sequence[str]) -> dict[str, str]:
     return files
 
 
+PROMPT_SETS: tuple[str, ...] = ("official", "ours")
+
+
+def template_kind(session: Session, prompts: str) -> str:
+    """The key of the template that scores this dialogue's turns in the prompt set ``prompts``."""
+    return official_kind(session) if prompts == "official" else judge_kind(session)
+
+
+def render_prompt(template: ScoreTemplate, session: Session, turn_index: int, response: str, prompts: str) -> str:
+    if prompts == "official":
+        return render_official_prompt(template, session, turn_index, response)
+    return render_score_prompt(template, session, turn_index, response)
+
+
 def plan_mteval(
     sessions: Sequence[Session],
     generations: Mapping[Key, GenerationRecord],
     judged: set[Key],
-    templates: Mapping[str, ScoreTemplate],
+    templates: Mapping[str, ScoreTemplate] | None,
     limit: int | None = None,
     judge_model: str | None = None,
     system_ids: Sequence[int] | None = None,
+    *,
+    rules: str = DEFAULT_RULES,
+    prompts: str = "official",
 ) -> JudgePlan:
-    """Judge tasks and rule-scored records for the answered turns of the first ``limit`` dialogues."""
+    """Judge tasks and rule-scored records for the answered turns of the first ``limit`` dialogues.
+
+    ``templates`` None: no judge was named; judge-scored turns become tasks without a prompt, only to be counted.
+    """
     chosen = select_sessions(sessions, system_ids, limit, source="sessions.json of this run")
     tasks: list[JudgeTask] = []
     skipped: list[JudgmentRecord] = []
@@ -79,20 +102,19 @@ def plan_mteval(
         info = TASKS.get(session.task or "")
         if info is None:
             raise SysbenchError(f"session {session.system_id}: unknown MT-Eval task {session.task!r}")
-        template = templates[judge_kind(session)] if info.scorer == "judge" else None
+        judged_here = info.scorer == "judge"
+        kind = template_kind(session, prompts) if judged_here else None
+        template = templates[kind] if templates is not None and kind is not None else None
         for turn, record in pending.generated(session, answered_turns(session)):
             if record.response is None or record.status != "ok":
                 model = judge_model if template is not None else None
                 skipped.append(skipped_record(record, model, template.sha256 if template else None, info.scorer))
-            elif template is not None:
-                prompt = render_score_prompt(template, session, turn.index, record.response)
-                tasks.append(
-                    JudgeTask(
-                        session.system_id, turn.index, prompt, (), template.sha256, template.kind, reply=ScoreReply()
-                    )
-                )
+            elif judged_here:
+                prompt = render_prompt(template, session, turn.index, record.response, prompts) if template else ""
+                sha = template.sha256 if template else None
+                tasks.append(JudgeTask(session.system_id, turn.index, prompt, (), sha, kind, reply=ScoreReply()))
             else:
-                ruled.append(rule_record(session, turn.index, record.response))
+                ruled.append(rule_record(session, turn.index, record.response, rules))
     asked = {task.system_id for task in tasks}
     needing = tuple(sorted({s.task for s in chosen if s.task and s.system_id in asked}))
     return JudgePlan(
@@ -103,12 +125,14 @@ def plan_mteval(
         ruled=ruled,
         benchmark=BENCHMARK,
         judge_tasks=needing,
+        # The prompt set is named only where a judge is asked; the rule set always applies.
+        options={"rules": rules, **({"judge_prompts": prompts} if templates is not None else {})},
     )
 
 
-def rule_record(session: Session, turn_index: int, response: str) -> JudgmentRecord:
-    """The record of a rule-scored turn: score 10 or 0, what was checked as the reasoning."""
-    verdict = rule_score(session, turn_index, response)
+def rule_record(session: Session, turn_index: int, response: str, rules: str = DEFAULT_RULES) -> JudgmentRecord:
+    """The record of a rule-scored turn: score 10 or 0, what was checked as the reasoning, the rule set used."""
+    verdict = rule_score(session, turn_index, response, rules)
     info = TASKS[session.task or ""]
     return JudgmentRecord(
         system_id=session.system_id,
@@ -117,7 +141,7 @@ def rule_record(session: Session, turn_index: int, response: str) -> JudgmentRec
         parse_status="ok",
         reasoning=verdict.detail,
         attempts=0,
-        extra={"rule": verdict.rule},
+        extra={"rule": verdict.rule, "rules": rules},
         score=float(verdict.score),
         scorer=info.scorer,
     )

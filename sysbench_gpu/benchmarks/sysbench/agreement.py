@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from sysbench_gpu.benchmarks.registry import load_run_sessions
-from sysbench_gpu.benchmarks.runs import run_metrics
+from sysbench_gpu.benchmarks.runs import run_metrics, same_replies_judged
 from sysbench_gpu.benchmarks.sysbench.data import TYPE_ORDER
 from sysbench_gpu.benchmarks.sysbench.schema import session_to_upstream
 from sysbench_gpu.core.errors import SysbenchError
@@ -81,17 +81,7 @@ def _load(path: Path) -> tuple[RunDir, dict[int, Session], dict, dict]:
 def compare_runs(path_a: str | Path, path_b: str | Path) -> dict[str, Any]:
     run_a, sessions_a, gens_a, judg_a = _load(Path(path_a))
     run_b, sessions_b, gens_b, judg_b = _load(Path(path_b))
-    common = sorted(set(judg_a) & set(judg_b) & set(gens_a) & set(gens_b))
-    if not common:
-        raise SysbenchError(f"{run_a.path} and {run_b.path} have no judged turn in common")
-    differ = [k for k in common if gens_a[k].response != gens_b[k].response]
-    if differ:
-        shown = "; ".join(f"session {s}, turn {t}" for s, t in differ[:5])
-        raise SysbenchError(
-            f"{run_a.path} and {run_b.path} judge different responses ({len(differ)} of {len(common)} common turns "
-            f"differ: {shown}{' …' if len(differ) > 5 else ''}); agreement needs the same responses "
-            "(re-judge one run with `judge RUN --rejudge --out NEW`)"
-        )
+    common = same_replies_judged((run_a, run_b), (gens_a, gens_b), (judg_a, judg_b))
     for system_id, turn in common:
         ids_a = [c.id for c in sessions_a[system_id].turn(turn).constraints]
         ids_b = [c.id for c in sessions_b[system_id].turn(turn).constraints]

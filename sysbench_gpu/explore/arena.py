@@ -1,0 +1,110 @@
+"""``explore --arena ARENA_DIR``: a page of an arena's battles, each battle's two replies side by side.
+
+::
+
+    SITE/
+      arena.html, explore_arena.js      the page (copied from explore/assets/; explore.css is shared)
+      data/arena/index.js               the leaderboard, the runs, the sessions with battles
+      data/arena/s<system_id>.js        one session: its user turns, every run's replies, its battles
+
+Replies come from the run directories the arena's manifest names; every text reaches the
+page through ``textContent``, never as HTML.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from sysbench_gpu.arena.battles import BattleStore
+from sysbench_gpu.arena.outputs import RATINGS
+from sysbench_gpu.arena.stage import STAGE
+from sysbench_gpu.benchmarks.registry import load_run_sessions
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.jsonio import read_json
+from sysbench_gpu.core.rundir import RunDir, write_bytes_atomic
+from sysbench_gpu.explore.scripts import js_assignment, keyed_assignment
+
+ARENA_ASSETS = ("arena.html", "explore_arena.js", "explore.css")
+INDEX_GLOBAL = "SYSBENCH_ARENA_INDEX"
+SESSIONS_GLOBAL = "SYSBENCH_ARENA_SESSIONS"
+
+
+def _arena_runs(arena: Path) -> list[Mapping[str, Any]]:
+    manifest = RunDir(arena).read_manifest() if (arena / "manifest.json").is_file() else {}
+    runs = manifest.get("stages", {}).get(STAGE, {}).get("runs")
+    if not isinstance(runs, list) or not runs or not (arena / RATINGS).is_file():
+        raise SysbenchError(f"{arena}: not an arena directory (no {RATINGS} or stages.arena.runs in manifest.json)")
+    return runs
+
+
+def build_arena_pages(arena_dir: str | Path, out: str | Path, progress: bool = True) -> dict[str, Any]:
+    """Write the arena page and its data into the site folder ``out``; returns counts."""
+    arena, out = Path(arena_dir), Path(out)
+    if out.exists() and not out.is_dir():
+        raise SysbenchError(f"{out}: --out exists and is not a folder")
+    runs = _arena_runs(arena)
+    ratings = read_json(arena / RATINGS, dict, "ratings")
+    index_of = {str(run["path"]): i for i, run in enumerate(runs)}
+    sessions = {s.system_id: s for s in load_run_sessions(RunDir(str(runs[0]["path"])))}
+    replies: list[dict[tuple[int, int], str | None]] = []
+    for run in runs:
+        records = RunDir(str(run["path"])).generations.read()
+        replies.append({key: record.response for key, record in records.items()})
+    battles: dict[int, dict[tuple[int, int, int], dict[str, Any]]] = {}
+    for record in BattleStore(arena).read().values():
+        if record.a not in index_of or record.b not in index_of:
+            continue  # a run no longer in the arena
+        a, b = index_of[record.a], index_of[record.b]
+        entry = battles.setdefault(record.system_id, {}).setdefault(
+            (a, b, record.turn), {"a": a, "b": b, "turn": record.turn, "records": []}
+        )
+        entry["records"].append(
+            {
+                "order": record.order,
+                "answer": record.answer,
+                "winner": record.winner,
+                "reason": record.reason,
+                "status": record.status,
+                "by": record.by,
+            }
+        )
+    from tqdm import tqdm
+
+    total = 0
+    for system_id in tqdm(
+        sorted(battles), desc="arena sessions", unit="session", file=sys.stderr, disable=not progress
+    ):
+        session = sessions.get(system_id)
+        used = {i for entry in battles[system_id].values() for i in (entry["a"], entry["b"])}
+        detail = {
+            "system": session.system_prompt if session is not None else "",
+            "turns": {str(t.index): t.user for t in session.turns} if session is not None else {},
+            "replies": {
+                str(i): {str(turn): replies[i].get((system_id, turn)) for (sid, turn) in replies[i] if sid == system_id}
+                for i in sorted(used)
+            },
+            "battles": sorted(battles[system_id].values(), key=lambda e: (e["turn"], e["a"], e["b"])),
+        }
+        payload = keyed_assignment(SESSIONS_GLOBAL, str(system_id), detail)
+        write_bytes_atomic(out / "data" / "arena" / f"s{system_id}.js", payload)
+        total += len(payload)
+    index = {
+        "title": f"Arena: {arena.name}",
+        "runs": [{"run": run.get("run"), "model": run.get("model")} for run in runs],
+        "ratings": ratings.get("ratings", []),
+        "fit": ratings.get("fit", {}),
+        "consistency": ratings.get("position_consistency"),
+        "sessions": sorted(battles),
+        "pairs": sorted({(e["a"], e["b"]) for v in battles.values() for e in v.values()}),
+    }
+    payload = js_assignment(f"window.{INDEX_GLOBAL}", index)
+    write_bytes_atomic(out / "data" / "arena" / "index.js", payload)
+    total += len(payload)
+    folder = resources.files("sysbench_gpu.explore") / "assets"
+    for name in ARENA_ASSETS:
+        write_bytes_atomic(out / name, (folder / name).read_bytes())
+    return {"n_sessions": len(battles), "n_battles": sum(len(v) for v in battles.values()), "data_bytes": total}
