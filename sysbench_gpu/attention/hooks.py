@@ -38,6 +38,7 @@ from sysbench_gpu.attention.layer_call import _all_configs, _LayerCall, _span_hu
 from sysbench_gpu.attention.layers import attention_modules, num_layers, resolve_layers
 from sysbench_gpu.attention.span_math import eager_reference_shares, span_share, span_share_given_lse
 from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.modeling.key_bias import apply_key_bias
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -70,6 +71,8 @@ def _make_capture_function(base: str):
 
     def capture_attention(module, query, key, value, attention_mask, **kwargs):
         base_fn = _base_function(module, base)
+        # A key bias (steering, knockout) active on this module is part of the attention the capture measures.
+        attention_mask = apply_key_bias(module, query, key, attention_mask)
         sink = getattr(module, CAPTURE_ATTR, None)
         if sink is None:
             return base_fn(module, query, key, value, attention_mask, **kwargs)
@@ -192,6 +195,7 @@ class AttentionShareCapture:
                 f"(found {len(modules)}); the model does not expose transformers-style attention layers"
             )
         current = model.config._attn_implementation
+        # Under a key bias (modeling.key_bias) the base is SDPA, and the capture function applies the bias itself.
         base = current if current in ("sdpa", "eager") else "sdpa"
         if base != current:
             log.info("attention capture wraps SDPA (the model was loaded with %s)", current)

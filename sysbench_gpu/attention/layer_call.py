@@ -1,4 +1,4 @@
-"""One attention call of a captured layer: its inputs, the span hull and the configs it reads."""
+"""One attention call of a captured layer: its inputs and the span hull (the configs: ``modeling.registry``)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.modeling.registry import all_configs as _all_configs
+
+__all__ = ["_LayerCall", "_all_configs", "_span_hull"]
 
 
 @dataclass(frozen=True)
@@ -68,23 +71,3 @@ def _span_hull(spans: Sequence[tuple[int, int]], t_k: int) -> int:
     """Keys between the first span's start and the last span's end (what span_share_given_lse reads per query)."""
     live = [(max(0, a), min(t_k, b)) for a, b in spans if min(t_k, b) > max(0, a)]
     return max(1, max(b for _, b in live) - min(a for a, _ in live)) if live else 1
-
-
-def _all_configs(model: Any) -> list[Any]:
-    """Every config object reachable from the model's modules and their sub-configs (deduplicated)."""
-    seen: dict[int, Any] = {}
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if config is None or not hasattr(config, "_attn_implementation"):
-            continue
-        stack = [config]
-        while stack:
-            item = stack.pop()
-            if id(item) in seen:
-                continue
-            seen[id(item)] = item
-            for key in getattr(item, "sub_configs", {}) or {}:
-                sub = getattr(item, key, None)
-                if sub is not None and hasattr(sub, "_attn_implementation"):
-                    stack.append(sub)
-    return list(seen.values())

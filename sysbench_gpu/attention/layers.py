@@ -5,16 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.modeling.registry import attention_modules
 
-
-def attention_modules(model: Any) -> dict[int, Any]:
-    """Attention modules by ``layer_idx`` (the modules transformers' interface is called with)."""
-    found: dict[int, Any] = {}
-    for module in model.modules():
-        index = getattr(module, "layer_idx", None)
-        if isinstance(index, int) and not isinstance(index, bool) and "Attention" in type(module).__name__:
-            found.setdefault(index, module)
-    return found
+__all__ = ["attention_modules", "num_layers", "resolve_layers"]
 
 
 def num_layers(model: Any) -> int:

@@ -7,7 +7,8 @@ front, MT-Eval context turns with their given replies, one forward per turn for
 single-turn runs); ``hooks.AttentionShareCapture`` measures at the selected layers the
 share of attention that every token gives to the system text and to the template's
 leading tokens. With ``--control`` the same conversation is also run with the system
-text sent as user (joined to the first user message).
+text sent as user (joined to the first user message). With ``--knockout system`` rank 0
+then runs ``knockout`` on every session, in both arms (``knockout.jsonl``).
 
 Output directory::
 
@@ -18,6 +19,8 @@ Output directory::
       shards/rank<r>-of-<w>.jsonl      per-turn rows written by each rank as it goes
       turn_shares.jsonl        merged per-turn table (rank 0, at the end)
       analysis.json            correlation with verdicts, system-vs-user comparison, summaries
+      knockout.jsonl           --knockout: per session, turn and arm, the reply's mean log p plain and knocked out
+      knockout_summary.json    --knockout: mean Δ per arm (session-bootstrap CI), by turn, by verdict
       figures/                 token_shares_<id>_<layer>.png/pdf, turn_means_<layer>.png/pdf
 
 Resume is per session and condition: an existing ``.npz`` (written atomically) is
@@ -36,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from sysbench_gpu.attention.conversation import RunConversations, conversation_turns
+from sysbench_gpu.attention.knockout import run_knockout
+from sysbench_gpu.attention.knockout_report import finish_knockout
 from sysbench_gpu.attention.layout import (
     Distributed,
     LoadPlan,
@@ -118,6 +123,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="under torchrun: split every layer's heads over the ranks (transformers' tp_plan); "
         "every rank runs every session",
     )
+    parser.add_argument(
+        "--knockout",
+        choices=("system",),
+        help="also measure causal reliance: each reply's mean log p with the span's keys masked from later queries, "
+        "beside the plain forward, in both arms (implies --control); writes knockout.jsonl",
+    )
+    parser.add_argument(
+        "--knockout-layers",
+        default="mid-band",
+        help="layers where --knockout masks: mid-band (the middle third), all, N or N-M (inclusive), comma-separated",
+    )
     parser.add_argument("--per-head", action="store_true", help="also store per-head shares")
     parser.add_argument(
         "--store-dtype", choices=("float16", "float32"), default="float32", help="dtype of stored shares"
@@ -153,7 +169,9 @@ def cmd_attention(args: argparse.Namespace) -> int:
         replies = "generations" if generations else "reference"
     if replies == "generations" and not generations:
         raise SysbenchError(f"{run.generations.path}: no generations (use --replies reference)")
-    conditions = ("system", "control") if args.control else ("system",)
+    knockout = getattr(args, "knockout", None)
+    # Knockout has a control arm, and its reply spans point into the capture's arrays of both arms.
+    conditions = ("system", "control") if args.control or knockout else ("system",)
     conversations = RunConversations.from_run(run)
     out = Path(args.out)
     dist = Distributed.from_env()
@@ -215,7 +233,10 @@ def _measure_and_finish(
         return 0
     if plan.splits_sessions:
         wait_for_ranks(out, dist, args.wait_timeout)
+    if getattr(args, "knockout", None):
+        run_knockout(args, sessions, generations, replies, out, plan, conversations)
     finish(out, run, args)
+    finish_knockout(out, run, args.bootstrap, figures=not args.no_figures)
     return 0
 
 

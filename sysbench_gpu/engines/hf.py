@@ -12,6 +12,7 @@ torch and transformers are imported when an engine is built, never at module imp
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 from collections.abc import Sequence
@@ -22,6 +23,9 @@ from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.engines.base import Completion, SamplingSpec
 from sysbench_gpu.engines.models import resolve_model
 from sysbench_gpu.engines.startup import startup_failure
+from sysbench_gpu.modeling.key_bias import key_bias
+from sysbench_gpu.modeling.registry import attention_modules
+from sysbench_gpu.modeling.steering import Steering, text_token_span
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,7 @@ class HFEngine:
         *,
         ignore_eos: bool = False,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        steering: Steering | None = None,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -95,6 +100,7 @@ class HFEngine:
             seed=seed,
             ignore_eos=ignore_eos,
             default_max_tokens=default_max_tokens,
+            steering=steering,
         )
 
     @classmethod
@@ -108,6 +114,7 @@ class HFEngine:
         *,
         ignore_eos: bool = False,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        steering: Steering | None = None,
     ) -> HFEngine:
         """An engine around a model already in memory (benchmarks build random-weight models on the device)."""
         if batch_size < 1:
@@ -127,6 +134,7 @@ class HFEngine:
             seed=seed,
             ignore_eos=ignore_eos,
             default_max_tokens=default_max_tokens,
+            steering=steering,
         )
         return engine
 
@@ -144,6 +152,7 @@ class HFEngine:
         seed: int | None,
         ignore_eos: bool,
         default_max_tokens: int,
+        steering: Steering | None = None,
     ) -> None:
         self.model = model
         self.path = path
@@ -165,6 +174,10 @@ class HFEngine:
         self.input_device = str(self.hf_model.device)
         self.eos_ids = _eos_ids(self.hf_model.generation_config, self.tokenizer)
         self._system_role: bool | None = None
+        self.steering = steering
+        self._n_layers = len(attention_modules(hf_model)) if steering is not None else None
+        if steering is not None and steering.active:
+            steering.layers(self._n_layers or 0)  # a bad --steer-layers is one line before any generation
 
     # -- prompts -------------------------------------------------------------------
     def render(self, conversation: Sequence[ChatMessage]) -> str:
@@ -238,24 +251,56 @@ class HFEngine:
         seed = sampling.seed if sampling.seed is not None else self.seed
         if seed is not None:
             torch.manual_seed(seed)
+        spans = [self.system_span(c) for c in conversations] if self._steers else [None] * len(prompts)
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         chunks = [order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)]
         results: list[Completion | None] = [None] * len(prompts)
         for chunk in tqdm(chunks, desc="hf batches", unit="batch", disable=len(chunks) < 2, leave=False):
-            for index, completion in zip(
-                chunk, self._generate_batch([prompts[i] for i in chunk], kwargs), strict=False
-            ):
+            batch = self._generate_batch([prompts[i] for i in chunk], kwargs, [spans[i] for i in chunk])
+            for index, completion in zip(chunk, batch, strict=False):
                 results[index] = completion
         return [completion for completion in results if completion is not None]
 
-    def _generate_batch(self, prompts: list[list[int]], kwargs: dict[str, Any]) -> list[Completion]:
+    @property
+    def _steers(self) -> bool:
+        return self.steering is not None and self.steering.active
+
+    def system_span(self, conversation: Sequence[ChatMessage]) -> tuple[int, int] | None:
+        """Token span of the system message's text in the rendered prompt (None: the conversation has none)."""
+        system = next((m["content"] for m in conversation if m["role"] == "system"), None)
+        if not system:
+            return None
+        return text_token_span(self.tokenizer, self.render(conversation), system)
+
+    def _steered(self, spans: Sequence[tuple[int, int] | None]) -> Any:
+        """The steering hook for one batch, or nothing (α = 1, or no row has a system message)."""
+        if not self._steers or all(span is None for span in spans):
+            return contextlib.nullcontext(None)
+        assert self.steering is not None and self._n_layers is not None
+        return key_bias(
+            self.hf_model,
+            self.steering.layers(self._n_layers),
+            self.steering.value,
+            self.steering.heads_by_layer(self._n_layers),
+        )
+
+    def _generate_batch(
+        self, prompts: list[list[int]], kwargs: dict[str, Any], spans: Sequence[tuple[int, int] | None] = ()
+    ) -> list[Completion]:
         import torch
 
         width = max(len(p) for p in prompts)
         pad = self.tokenizer.pad_token_id
+        pads = [width - len(p) for p in prompts]
         input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long)
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
-        with torch.inference_mode():
+        spans = list(spans) or [None] * len(prompts)
+        # Only α != 1 hooks attention; otherwise this is the model's own path, untouched.
+        with torch.inference_mode(), self._steered(spans) as bias:
+            if bias is not None:  # the spans move right by each row's left padding
+                bias.set_spans(
+                    [(0, 0) if s is None else (s[0] + p, s[1] + p) for s, p in zip(spans, pads, strict=True)]
+                )
             output = self.hf_model.generate(
                 input_ids=input_ids.to(self.input_device),
                 attention_mask=attention.to(self.input_device),
@@ -307,6 +352,7 @@ class HFEngine:
             "padding_side": "left",
             "context_length": self.context_length(),
             "defaults": defaults,
+            "steering": None if self.steering is None else self.steering.describe(self._n_layers),
         }
 
     def close(self) -> None:

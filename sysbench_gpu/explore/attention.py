@@ -12,7 +12,9 @@ captured layers. Its sessions are those of the run it measured (its manifest's
   tokens excluded) per token, quantized to uint8 (``round(255 * value)``, resolution
   1/255) and base64-encoded;
 - ``turn_means[layer label]``: the per-turn means from ``attention.analysis.turn_shares``,
-  computed at full precision before quantization.
+  computed at full precision before quantization;
+- per source, ``knockout[arm][turn]``: Δ mean log p of the reply with the system text's keys
+  hidden, and both log p (``knockout.jsonl``, where ``attention --knockout`` ran).
 
 Token pieces: the ids are decoded once and re-encoded with offsets; when that
 reproduces the ids (it does for the rendered chat templates the attention stage
@@ -35,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from sysbench_gpu.attention.analysis import token_series, turn_shares
+from sysbench_gpu.attention.knockout import read_knockout
 from sysbench_gpu.attention.store import load_session, read_manifest
 from sysbench_gpu.benchmarks.registry import load_run_sessions
 from sysbench_gpu.core.errors import SysbenchError
@@ -303,10 +306,27 @@ def session_attention(
                         f"{files[arm]}: session {system_id}, arm {arm}: not a session file of the "
                         f"attention stage ({error})"
                     ) from None
-        entries.append({"source": number, "arms": arms, "skipped": skipped})
+        entry = {"source": number, "arms": arms, "skipped": skipped}
+        knockout = knockout_by_turn(source.path, system_id)
+        if knockout:
+            entry["knockout"] = knockout
+        entries.append(entry)
     if not entries:
         return None
     return {"key": key, "id": system_id, "sources": entries}
+
+
+def knockout_by_turn(folder: Path, system_id: int) -> dict[str, dict[str, dict[str, float | None]]]:
+    """The session's ``knockout.jsonl`` rows as arm -> turn -> Δ and both mean log p (empty without knockout)."""
+    found: dict[str, dict[str, dict[str, float | None]]] = {}
+    for row in read_knockout(folder):
+        if row.system_id == system_id:
+            found.setdefault(row.arm, {})[str(row.turn)] = {
+                "delta": _round(row.delta),
+                "logp_plain": _round(row.logp_plain),
+                "logp_knockout": _round(row.logp_knockout),
+            }
+    return found
 
 
 def arms_by_session(sources: Sequence[AttentionSource]) -> dict[str, list[str]]:

@@ -31,7 +31,7 @@ from sysbench_gpu import __version__
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.rundir import package_versions, utc_now, write_bytes_atomic, write_json_atomic
 from sysbench_gpu.explore import attention as attn
-from sysbench_gpu.explore import data, sessions
+from sysbench_gpu.explore import data, interp, sessions
 from sysbench_gpu.explore.arena import build_arena_pages
 from sysbench_gpu.explore.scripts import js_assignment, keyed_assignment
 from sysbench_gpu.reporting.report import EXPLORER_DIRNAME
@@ -46,6 +46,7 @@ ASSETS = (
     "explore_index.js",
     "explore_session.js",
     "explore_attention.js",
+    "explore_interp.js",
 )
 DATA_INDEX = "data/index.js"
 INDEX_GLOBAL = "SYSBENCH_EXPLORE_INDEX"
@@ -154,6 +155,12 @@ def build_site(
                 keyed_assignment(ATTENTION_GLOBAL, text_key, attention),
                 written,
             )
+    # What `attention-analyze` wrote in the attention folders: a section of the index, figures copied beside.
+    found = [interp.interp_entry(source.path, i, source.name) for i, source in enumerate(sources)]
+    interp_entries = [entry for entry in found if entry is not None]
+    for entry in interp_entries:
+        for relative, payload in entry.files.items():
+            total += _write(out, relative, payload, written)
     created = utc_now()
     index = {
         "tool": "sysbench-gpu",
@@ -163,6 +170,7 @@ def build_site(
         "benchmarks": data.benchmark_summaries(views),
         "runs": [data.run_summary(view) for view in views],
         "attention": [source.describe() for source in sources],
+        "interp": [entry.summary for entry in interp_entries],
         "order": keys,
         "sessions": rows,
         "quantization": f"per-token attention shares as uint8 levels round({attn.QUANT_LEVELS} * share), base64",

@@ -23,6 +23,7 @@ from sysbench_gpu.engines.models import resolve_model
 from sysbench_gpu.generation.plan import HISTORY_MODES, select_for_reference_history
 from sysbench_gpu.generation.run import run_generation
 from sysbench_gpu.generation.settings import OVERFLOW_POLICIES, STAGE, GenerateSettings, check_compatible
+from sysbench_gpu.modeling.steering import Steering, read_steer_heads
 
 # CLI flag (argparse dest) -> engine keyword, per engine. A flag set for an engine that
 # does not take it is an error rather than silently ignored.
@@ -157,6 +158,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     hf.add_argument("--batch-size", type=int, help="sequences per generate() batch (default 32)")
     hf.add_argument("--device", help="cuda, cuda:1, cpu (default: cuda when available)")
     hf.add_argument("--device-map", help="'auto' spreads a large model over the GPUs through accelerate")
+    hf.add_argument(
+        "--steer-system",
+        type=float,
+        metavar="ALPHA",
+        help="PASTA-style steering: add log ALPHA to the attention logits of the system text's keys (1: off)",
+    )
+    hf.add_argument("--steer-layers", help="layers to steer: mid-band (default), all, N or N-M, comma-separated")
+    hf.add_argument("--steer-heads", metavar="FILE", help="JSON list of [layer, head] pairs to steer (the head map's)")
     both = parser.add_argument_group("hf and vllm engines")
     both.add_argument("--dtype", help="bfloat16, float16, float32 or auto")
     vllm = parser.add_argument_group("vllm engine")
@@ -192,9 +201,26 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingSpec:
     )
 
 
+def steering_from_args(args: argparse.Namespace) -> Steering | None:
+    """The ``--steer-*`` flags as a ``Steering``; None without ``--steer-system``."""
+    alpha = getattr(args, "steer_system", None)
+    layers, heads_file = getattr(args, "steer_layers", None), getattr(args, "steer_heads", None)
+    if alpha is None:
+        if layers or heads_file:
+            raise SysbenchError("--steer-layers and --steer-heads need --steer-system")
+        return None
+    if args.engine != "hf":
+        raise SysbenchError(
+            f"--steer-system: the {args.engine} engine cannot hook attention (it runs its own kernels); use --engine hf"
+        )
+    heads = read_steer_heads(heads_file) if heads_file else None
+    return Steering(alpha=alpha, layers_spec=layers, heads=heads, heads_file=heads_file)
+
+
 def settings_from_args(args: argparse.Namespace) -> GenerateSettings:
     if args.distractor_seed is not None and not args.distractor_turns:
         raise SysbenchError("--distractor-seed needs --distractor-turns")
+    steering = steering_from_args(args)
     return GenerateSettings(
         model=args.model,
         engine=args.engine,
@@ -204,6 +230,7 @@ def settings_from_args(args: argparse.Namespace) -> GenerateSettings:
         skip_missing_reference=args.skip_missing_reference,
         distractor_turns=args.distractor_turns,
         distractor_seed=DEFAULT_DISTRACTOR_SEED if args.distractor_seed is None else args.distractor_seed,
+        steering=None if steering is None else steering.describe(),
     )
 
 
@@ -267,7 +294,12 @@ def _generate_locked(
     if args.engine in ("hf", "vllm"):
         model = resolve_model(args.model)
     # The command's secrets go to the engine that talks to a server; they are not an option to record.
-    extra = {"secrets": args.secrets} if args.engine == "openai" and getattr(args, "secrets", None) else {}
+    extra: dict[str, Any] = (
+        {"secrets": args.secrets} if args.engine == "openai" and getattr(args, "secrets", None) else {}
+    )
+    steering = steering_from_args(args)
+    if steering is not None:
+        extra["steering"] = steering  # recorded as the manifest's `steering` (settings), not as an engine option
     engine = get_engine(args.engine, model=model, **options, **extra)
     try:
         summary = run_generation(

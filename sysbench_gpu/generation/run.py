@@ -100,6 +100,7 @@ def _run_generation_locked(
             distractors_file=DISTRACTORS_FILE if settings.distractor_turns else None,
             sampling=sampling_json(settings.sampling),
             preset=settings.preset,
+            steering=settings.steering,
             data_sha256=dataset.sha256,
             engine_options=dict(engine_options or {}),
             engine_describe=described,

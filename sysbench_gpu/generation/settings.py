@@ -29,7 +29,7 @@ OVERFLOW_POLICIES = ("error", "truncate-history", "skip")
 
 # Manifest fields that must not change within one run directory (besides the ablation fields,
 # core.ablation_files.ABLATION_FIELDS, checked first).
-LOCKED_FIELDS = ("model", "engine", "sampling", "data_sha256", "system_message")
+LOCKED_FIELDS = ("model", "engine", "sampling", "data_sha256", "system_message", "steering")
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class GenerateSettings:
     distractor_turns: int = 0  # unrelated exchanges before user turn 1 (SysBench ablation)
     distractor_seed: int = 0
     preset: str | None = None  # ``--preset``: the benchmark's published decoding the flags were filled from
+    steering: dict[str, Any] | None = None  # ``--steer-system``: modeling.steering.Steering.describe()
 
     def __post_init__(self) -> None:
         if self.history not in HISTORY_MODES:
@@ -105,6 +106,7 @@ def check_compatible(run_dir: RunDir, settings: GenerateSettings, dataset: Datas
             "sampling": sampling_json(settings.sampling),
             "data_sha256": dataset.sha256,
             "system_message": system_message_of(list(dataset.sessions)),
+            "steering": settings.steering,
         }
     )
     for name in LOCKED_FIELDS:

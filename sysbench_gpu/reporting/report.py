@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sysbench_gpu.attention.interp_report import report_markdown
+from sysbench_gpu.attention.knockout_report import knockout_markdown
 from sysbench_gpu.benchmarks.base import ReportRequest
 from sysbench_gpu.benchmarks.registry import REGISTRY, one_benchmark, run_benchmark
 from sysbench_gpu.core.errors import SysbenchError
@@ -42,6 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--sort", default="given", choices=_sort_keys(), help="row order: as given, or by a metric with the best first"
     )
     parser.add_argument("--no-figures", action="store_true", help="tables only")
+    parser.add_argument(
+        "--attention",
+        action="append",
+        default=[],
+        metavar="ATT_DIR",
+        help="attention output directory whose `attention-analyze` files (heads, probe, decay) the report shows",
+    )
     parser.add_argument("--allow-partial", action="store_true", help="score runs with missing turns")
     parser.add_argument(
         "--exclude-unparsed", action="store_true", help="leave out turns whose judge reply never parsed"
@@ -114,6 +123,15 @@ def _cmd_report(args: argparse.Namespace) -> int:
         explorer=explorer,
     )
     result = benchmark.report(request)
+    if args.attention:
+        # Heads, failure probe and decay are the attention folders' own files; the report appends their section.
+        section = report_markdown([Path(d) for d in args.attention], Path(result.out_dir))
+        with (Path(result.out_dir) / "report.md").open("a", encoding="utf-8") as handle:
+            handle.write("\n" + "\n".join(section) + "\n")
+        knockout = knockout_markdown([Path(d) for d in args.attention], Path(result.out_dir))
+        if knockout:  # `attention --knockout`: Δ log p per arm, joined with the verdicts
+            with (Path(result.out_dir) / "report.md").open("a", encoding="utf-8") as handle:
+                handle.write("\n" + "\n".join(knockout) + "\n")
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(

@@ -75,6 +75,15 @@
 
   function fmt(value) { return value === null || value === undefined ? "–" : value.toFixed(3); }
 
+  // Knockout (attention --knockout): Δ mean log p of the reply with the system text's keys hidden.
+  function knockoutLine(entry, armName, number) {
+    var row = entry.knockout && entry.knockout[armName] && entry.knockout[armName][String(number)];
+    if (!row) return null;
+    return el("div", { className: "knockout", dataset: { delta: row.delta },
+      title: "mean log p per reply token: plain " + fmt(row.logp_plain) + ", knocked out " + fmt(row.logp_knockout),
+      text: "knockout Δ log p " + (row.delta > 0 ? "+" : "") + fmt(row.delta) });
+  }
+
   function renderAttention(data, index, state) {
     var section = byId("attention-section");
     var entry = data.sources[state.source] || data.sources[0];
@@ -115,6 +124,7 @@
         el("strong", { text: "Turn " + number }),
         el("div", { className: "mean", text: "reply mean " + fmt(mine) }),
         other ? el("div", { className: "muted", text: (armName === "system" ? "control " : "system ") + fmt(theirs) }) : null,
+        knockoutLine(entry, armName, number),
         el("div", { className: "bar" }, [el("span", { className: "bar-fill" })])
       ]);
       side.querySelector(".bar-fill").style.width = Math.min(100, 100 * (mine || 0) / scale).toFixed(1) + "%";

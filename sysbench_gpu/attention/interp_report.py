@@ -1,0 +1,224 @@
+"""``attention-analyze``: heads map, failure probe and decay over attention output directories.
+
+Writes into each directory that holds per-head shares (``attention --per-head``)::
+
+    heads.json        layer x head map: mean share, point-biserial r with turn pass, CI, p, BH q
+    top_heads.json    {"heads": [[layer, head], ...], "criterion": ...}: what `generate --steer-heads` reads
+    probe.json        the failure probe's cross-validated AUC and the baseline's, with session-bootstrap CIs
+    figures/heads_map.png|pdf, figures/probe_roc.png|pdf
+
+and into ``--out`` (default: the first directory), over all directories (one per history mode)::
+
+    decay.json        share vs turn and vs token distance: fitted slopes with CIs per history, condition, layer
+    figures/decay_<layer>.png|pdf
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sysbench_gpu.attention import decay, heads, probe
+from sysbench_gpu.attention.analysis import DEFAULT_METRIC
+from sysbench_gpu.attention.head_table import CONDITION, load_head_table
+from sysbench_gpu.attention.store import read_manifest
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.jsonio import read_json
+from sysbench_gpu.core.rundir import write_json_atomic
+
+log = logging.getLogger(__name__)
+
+HEADS_FILE, TOP_HEADS_FILE, PROBE_FILE, DECAY_FILE = "heads.json", "top_heads.json", "probe.json", "decay.json"
+SCIPY_HINT = "the heads map needs scipy: pip install 'sysbench-gpu[interp]'"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "attention-analyze",
+        help="which heads carry the system message, a failure probe, and decay over turns and distance",
+        description="Heads map, failure probe (needs --per-head) and decay fits over attention output directories.",
+    )
+    parser.add_argument("dirs", nargs="+", help="attention output directories (e.g. one per --history mode)")
+    parser.add_argument("--run", help="run directory with the verdicts (default: each manifest's run_dir)")
+    parser.add_argument("--out", help="where decay.json and its figures go (default: the first directory)")
+    parser.add_argument("--top", type=int, default=8, help="heads written to top_heads.json (default 8)")
+    parser.add_argument("--folds", type=int, default=5, help="cross-validation folds, grouped by session (default 5)")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="session-bootstrap replicates (default 1000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and the probe")
+    parser.add_argument("--no-figures", action="store_true", help="do not draw figures")
+    parser.set_defaults(func=cmd_attention_analyze)
+
+
+def cmd_attention_analyze(args: argparse.Namespace) -> int:
+    dirs = [Path(d) for d in args.dirs]
+    if args.run and len(dirs) > 1:
+        raise SysbenchError("attention-analyze: --run names the run of one directory; give one directory with it")
+    if args.top < 1 or args.folds < 2 or args.bootstrap < 1:
+        raise SysbenchError("attention-analyze: --top and --bootstrap must be at least 1, --folds at least 2")
+    for directory in dirs:
+        read_manifest(directory)  # a folder that is not an attention output is one line, before any work
+    for directory in dirs:
+        for line in analyze_heads(directory, Path(args.run) if args.run else None, args):
+            print(line)
+    out = Path(args.out) if args.out else dirs[0]
+    for line in analyze_decay(dirs, out, args):
+        print(line)
+    return 0
+
+
+def has_per_head(out: Path) -> bool:
+    files = sorted((out / "sessions").glob(f"*.{CONDITION}.npz"))
+    if not files:
+        return False
+    import zipfile
+
+    with zipfile.ZipFile(files[0]) as archive:
+        return "per_head.npy" in archive.namelist()
+
+
+def analyze_heads(out: Path, run: Path | None, args: argparse.Namespace) -> list[str]:
+    """Heads map and failure probe of one directory; returns the lines to print."""
+    if not has_per_head(out):
+        return [f"{out}: no per-head shares (measure with `attention --per-head`); heads and probe skipped"]
+    try:
+        import scipy  # noqa: F401
+    except ImportError:
+        return [f"{out}: {SCIPY_HINT}"]
+    table = load_head_table(out, run)
+    lines = [f"{out}:"]
+    model = Path(str(read_manifest(out).get("model", out))).name
+    result = heads.head_map(table, n_boot=args.bootstrap, seed=args.seed)
+    top = heads.top_heads(result, args.top)
+    write_json_atomic(out / HEADS_FILE, heads.head_map_json(result, DEFAULT_METRIC))
+    write_json_atomic(out / TOP_HEADS_FILE, top)
+    lines += heads.summary_lines(result, top)
+    if not args.no_figures:
+        heads.plot_head_map(result, out / "figures" / "heads_map", f"{model}: which heads carry the system message")
+    if not probe.sklearn_available():
+        lines.append(f"probe: {probe.INSTALL_HINT}")
+        return lines
+    scored = probe.run_probe(table, folds=args.folds, n_boot=args.bootstrap, seed=args.seed)
+    write_json_atomic(out / PROBE_FILE, probe.probe_json(scored, DEFAULT_METRIC))
+    lines.append(probe.summary_line(scored))
+    if not args.no_figures:
+        probe.plot_roc(scored, out / "figures" / "probe_roc", f"{model}: failure probe (out-of-fold)")
+    return lines
+
+
+def analyze_decay(dirs: list[Path], out: Path, args: argparse.Namespace) -> list[str]:
+    series = []
+    for directory in dirs:
+        series += decay.decay_of_dir(directory, n_boot=args.bootstrap, seed=args.seed)
+    write_json_atomic(out / DECAY_FILE, decay.decay_json(series, DEFAULT_METRIC) | {"dirs": [str(d) for d in dirs]})
+    if not args.no_figures:
+        model = Path(str(read_manifest(dirs[0]).get("model", dirs[0]))).name
+        for label in sorted({item.layer_label for item in series}):
+            decay.plot_decay(series, label, out / "figures" / f"decay_{label}", f"{model}: system share decay, {label}")
+    return decay.summary_lines(series)
+
+
+# ----------------------------------------------------------------- report sections
+
+
+def report_markdown(dirs: list[Path], report_dir: Path) -> list[str]:
+    """``report --attention DIR``: a section per directory from the files ``attention-analyze`` wrote there."""
+    lines = ["## Attention: heads, failure probe, decay", ""]
+    for out in dirs:
+        lines += [f"`{out}`", ""]
+        if not (out / HEADS_FILE).exists() and not (out / DECAY_FILE).exists():
+            lines += [f"No heads map or decay fit here: run `sysbench-gpu attention-analyze {out}`.", ""]
+            continue
+        if not (out / PROBE_FILE).exists() and not probe.sklearn_available():
+            lines += [f"Failure probe: {probe.INSTALL_HINT}.", ""]
+        lines += report_sections(out, report_dir)
+    return lines
+
+
+def report_sections(out: Path, report_dir: Path | None = None) -> list[str]:
+    """Markdown lines: Heads, Failure probe and Decay, from the files this verb wrote in ``out`` (none: [])."""
+    lines: list[str] = []
+    if (out / HEADS_FILE).exists():
+        lines += _heads_section(out, report_dir)
+    if (out / PROBE_FILE).exists():
+        lines += _probe_section(read_json(out / PROBE_FILE, expect=dict))
+    if (out / DECAY_FILE).exists():
+        lines += _decay_section(out, read_json(out / DECAY_FILE, expect=dict), report_dir)
+    return lines
+
+
+def _link(figure: Path, report_dir: Path | None) -> str:
+    """A figure's path as the report links it: relative to the report's folder when one is given."""
+    return os.path.relpath(figure.resolve(), report_dir.resolve()) if report_dir else str(figure)
+
+
+def _heads_section(out: Path, report_dir: Path | None) -> list[str]:
+    data = read_json(out / HEADS_FILE, expect=dict)
+    top = read_json(out / TOP_HEADS_FILE, expect=dict) if (out / TOP_HEADS_FILE).exists() else {"details": []}
+    q = np.asarray([[np.nan if v is None else v for v in row] for row in data["q"]], dtype=np.float64)
+    lines = [
+        "### Heads",
+        "",
+        f"{data['n_heads']} heads x {len(data['layers'])} layers over {data['n_turns']} judged turns of "
+        f"{data['n_sessions']} sessions (pass rate {data['pass_rate']:.2f}); "
+        f"{int((np.nan_to_num(q, nan=1.0) < heads.ALPHA).sum())} heads with BH q < {heads.ALPHA}.",
+        "",
+        "| layer | head | r | 95% CI | q | mean share |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for item in top["details"]:
+        ci = item["ci95"]
+        ci_text = "n/a" if None in ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+        q_text = "n/a" if item["q"] is None else f"{item['q']:.3f}"
+        lines.append(
+            f"| {item['layer']} | {item['head']} | {item['r']:.3f} | {ci_text} | {q_text} | {item['mean_share']:.4f} |"
+        )
+    figure = out / "figures" / "heads_map.png"
+    if figure.exists():
+        lines += ["", f"![heads map]({_link(figure, report_dir)})"]
+    return lines + [""]
+
+
+def _probe_section(data: dict[str, Any]) -> list[str]:
+    lines = ["### Failure probe", ""]
+    if data.get("status") != "ok":
+        return lines + [f"{data.get('reason')}.", ""]
+
+    def text(score: dict[str, Any]) -> str:
+        ci = score.get("ci95")
+        return f"{score['auc']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+
+    return lines + [
+        f"Cross-validated AUC (GroupKFold by session, {data['cv']['folds']} folds, pooled out-of-fold): "
+        f"per-head shares {text(data['probe'])}, baseline (turn, reply length) {text(data['baseline'])}; "
+        f"{data['n_failing']} failing of {data['n_turns']} turns.",
+        "",
+    ]
+
+
+def _decay_section(out: Path, data: dict[str, Any], report_dir: Path | None) -> list[str]:
+    lines = [
+        "### Decay",
+        "",
+        "| history | condition | layer | slope per turn [95% CI] | slope per distance bin [95% CI] |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+
+    def text(trend: dict[str, Any]) -> str:
+        if trend["slope"] is None:
+            return "n/a"
+        ci = trend["slope_ci95"]
+        return f"{trend['slope']:+.4f}" + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "")
+
+    for item in data["series"]:
+        lines.append(
+            f"| {item['history']} | {item['condition']} | {item['layer_label']} | "
+            f"{text(item['turn'])} | {text(item['distance'])} |"
+        )
+    for figure in sorted((out / "figures").glob("decay_*.png")):
+        lines += ["", f"![decay]({_link(figure, report_dir)})"]
+    return lines + [""]
