@@ -223,11 +223,12 @@ def _stage_rank(rank: int, port: int, outs: list[str], results: Any) -> None:
 
     stage.measure_sessions = fake_measure_sessions  # this process only
     stage.finish = lambda out, run, args: None
+    stage.finish_knockout = lambda *args, **kwargs: None  # no knockout in this run
     stage.check_model_splits = lambda model, world: None  # no model here (tests/test_attn_tensor_parallel.py has one)
     sessions = [SimpleNamespace(system_id=1), SimpleNamespace(system_id=2)]
     plan = LoadPlan("tensor-parallel", tensor_parallel_size=len(outs))
     stage._measure_and_finish(
-        argparse.Namespace(model="fake", wait_timeout=1.0),
+        argparse.Namespace(model="fake", wait_timeout=1.0, bootstrap=0, no_figures=True),
         None,
         sessions,
         {},
