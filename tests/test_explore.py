@@ -528,9 +528,12 @@ def _screenshot(driver, tmp_path: Path, name: str, element: str | None = None) -
 
 
 def _wait(driver, condition, timeout: float = 20.0):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout).until(lambda d: condition(d))
+    # A click that loads the next page can leave an element of the old page in hand: look again.
+    waiting = WebDriverWait(driver, timeout, ignored_exceptions=(StaleElementReferenceException,))
+    return waiting.until(lambda d: condition(d))
 
 
 def _rgba(text: str) -> tuple[float, float, float, float]:
