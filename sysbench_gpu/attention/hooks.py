@@ -29,16 +29,18 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sysbench_gpu.attention.chunks import DEFAULT_BUDGET_BYTES, plan_chunks
 from sysbench_gpu.attention.kernels import KernelInputs, choose_kernel
-from sysbench_gpu.attention.layer_call import _all_configs, _LayerCall, _span_hull
+from sysbench_gpu.attention.layer_call import _LayerCall, _span_hull
 from sysbench_gpu.attention.layers import attention_modules, num_layers, resolve_layers
 from sysbench_gpu.attention.span_math import eager_reference_shares, span_share, span_share_given_lse
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.modeling.key_bias import apply_key_bias
+from sysbench_gpu.modeling.registry import attention_implementation
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -163,7 +165,7 @@ class AttentionShareCapture:
     path: str = "auto"  # auto: kernel-LSE where a kernel applies, else fallback; fallback: always the chunked path
     results: dict[int, LayerShares] = field(default_factory=dict)
     _paths: dict[int, list[str]] = field(default_factory=dict, repr=False)
-    _saved_impl: list[tuple[Any, Any, bool]] = field(default_factory=list, repr=False)
+    _implementation: ExitStack = field(default_factory=ExitStack, repr=False)
     _sinks: list[Any] = field(default_factory=list, repr=False)
     _stop_after: int | None = field(default=None, repr=False)
     active: bool = field(default=False, repr=False)
@@ -200,17 +202,10 @@ class AttentionShareCapture:
         if base != current:
             log.info("attention capture wraps SDPA (the model was loaded with %s)", current)
         name = register_capture_attention(base)
-        self._saved_impl = [
-            (config, config.__dict__.get("_attn_implementation_internal"), "_attn_was_changed" in config.__dict__)
-            for config in _all_configs(model)
-        ]
+        self._implementation = ExitStack()
         try:
-            model.set_attn_implementation(name)
-            if model.config._attn_implementation != name:
-                raise SysbenchError(
-                    f"{type(model).__name__} refused the attention implementation {name!r}; "
-                    "it does not support switching attention through transformers' AttentionInterface"
-                )
+            # The switch and its undo are modeling.registry's, shared with knockout and steering.
+            self._implementation.enter_context(attention_implementation(model, name))
             for layer in self.layers:
                 module = modules[layer]
                 setattr(module, CAPTURE_ATTR, LayerSink(layer, self))
@@ -230,11 +225,7 @@ class AttentionShareCapture:
             if CAPTURE_ATTR in module.__dict__:
                 delattr(module, CAPTURE_ATTR)
         self._sinks = []
-        for config, value, had_flag in self._saved_impl:
-            config._attn_implementation_internal = value
-            if not had_flag and "_attn_was_changed" in config.__dict__:
-                del config.__dict__["_attn_was_changed"]
-        self._saved_impl = []
+        self._implementation.close()
         self.active = False
 
     # -- use -----------------------------------------------------------------------
