@@ -15,8 +15,14 @@
    of the device in use, through ``measure(...)`` of ``bench_attention_capture.py``;
 4. measures hf-engine generation turn-synchronously against one session at a time on
    the same models (``bench_turn_sync.compare``), every reply forced to the same length;
-5. prints a table and, with ``--json``, writes ``attention`` and ``generation`` row
-   lists with the device, the torch version and the configurations used.
+5. runs the head to head of ``bench_vs_upstream.py`` on the hf engine with each model
+   (``--h2h-layers`` of its layers, saved to a temporary folder): (a) upstream's client
+   threads against ``transformers serve`` (continuous batching), (b) ``generate --engine hf``
+   in process, (c) ``generate --engine openai`` against the same server. Where
+   ``transformers serve`` cannot run (its serving extras, ``transformers[serving]``, are
+   missing), it says so in one line and runs (b) alone;
+6. prints a table and, with ``--json``, writes ``attention``, ``generation`` and
+   ``head_to_head`` row lists with the device, the torch version and the configurations used.
 
 Nothing is downloaded: the models are random, and the tokenizer is a small byte-level
 BPE trained in memory on the packaged demo sessions (token ids beyond its vocabulary
@@ -103,6 +109,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--turns", type=int, help="generation: turns per session (default 3; --quick 2)")
     parser.add_argument("--max-tokens", type=int, help="generation: tokens per reply (default 64; --quick 8)")
     parser.add_argument("--skip-tests", action="store_true", help="do not run the gpu-marked tests")
+    parser.add_argument("--no-head-to-head", action="store_true", help="skip the three-way comparison (step 5)")
+    parser.add_argument(
+        "--h2h-layers", type=int, default=8, help="head to head: layers of the model (default 8; full width)"
+    )
+    parser.add_argument("--threads", type=int, default=20, help="head to head: upstream's client threads (default 20)")
     parser.add_argument(
         "--attention-measure",
         default=DEFAULT_MEASURE,
@@ -315,6 +326,7 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
         "gpu_tests": {"status": "not run"} if args.skip_tests else run_gpu_tests(device),
         "attention": [],
         "generation": [],
+        "head_to_head": [],
     }
     gpu_tests = report["gpu_tests"]
     print(f"gpu tests: {gpu_tests.get('summary') or gpu_tests.get('reason') or gpu_tests['status']}", flush=True)
@@ -348,7 +360,90 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
         )
         del engine, model
         release(device)
+        if not args.no_head_to_head:
+            h2h_config = dict(config, num_hidden_layers=min(args.h2h_layers, config["num_hidden_layers"]))
+            row = head_to_head(name, h2h_config, tokenizer, device, dtype, sessions_count, turns, max_tokens, args)
+            report["head_to_head"].append(row)
+            release(device)
     return report
+
+
+def serve_available() -> tuple[bool, str]:
+    """Whether ``transformers serve`` can start here, and if not, why (one line)."""
+    import importlib.util
+
+    missing = [name for name in ("fastapi", "uvicorn", "pydantic", "openai") if importlib.util.find_spec(name) is None]
+    if missing:
+        return False, f"transformers serve needs transformers[serving]; missing: {', '.join(missing)}"
+    return True, ""
+
+
+def head_to_head(
+    name: str,
+    config: dict[str, Any],
+    tokenizer: Any,
+    device: str,
+    dtype: Any,
+    sessions_count: int,
+    turns: int,
+    max_tokens: int,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """The three ways of ``bench_vs_upstream`` on the hf engine, with this model saved to a temporary folder."""
+    import tempfile
+
+    from bench_vs_upstream import METHODS, Setup, profile_prediction, summarize, three_ways, write_sessions
+
+    work = Path(tempfile.mkdtemp(prefix=f"gpu-check-h2h-{name}-"))
+    model_dir = work / "model"
+    model = build_model(config, device, dtype)
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    del model
+    release(device)
+    available, why = serve_available()
+    if not available:
+        print(f"gpu_check: head to head runs (b) in process alone: {why}", flush=True)
+    dtype_name = str(dtype).replace("torch.", "")
+    setup = Setup(
+        engine="hf",
+        model=str(model_dir),
+        model_path=str(model_dir),
+        sessions=write_sessions("demo", sessions_count, turns, work / "sessions.json"),
+        data_file=work / "sessions.json",
+        turns=turns,
+        max_tokens=max_tokens,
+        threads=args.threads,
+        server_concurrency=sessions_count,
+        work_dir=work,
+        device=device,
+        dtype=dtype_name,
+        methods=METHODS if available else ("in_process",),
+    )
+    print(f"\n{name} head to head ({config['num_hidden_layers']} layers) in {work}", flush=True)
+    results = three_ways(setup)
+    spec = device_spec_name(device)
+    prediction = profile_prediction(work / "run-in-process", args.threads, spec, work / "bench.log") if spec else None
+    summary = summarize(setup, results, prediction)
+    return {
+        **summary,
+        "model": name,
+        "model_dir": summary["model"],
+        "layers": config["num_hidden_layers"],
+        "engine": "hf",
+        "server": "transformers serve --continuous-batching" if available else None,
+        "serve_missing": why or None,
+    }
+
+
+def device_spec_name(device: str) -> str | None:
+    """The packaged device spec for this GPU (profile needs one on a GPU), or None."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return "cpu"
+    name = torch.cuda.get_device_name(torch.device(device)).lower()
+    return next((spec for spec in ("h200", "h100", "a100") if spec in name), None)
 
 
 # ------------------------------------------------------------------ output
@@ -397,12 +492,35 @@ def print_tables(report: dict[str, Any]) -> None:
         )
 
 
+def print_head_to_head(report: dict[str, Any]) -> None:
+    if not report.get("head_to_head"):
+        return
+    print("\nhead to head on the hf engine: (a) upstream's threads vs transformers serve, (b) in process, (c) server")
+    print(f"{'model':<14}{'method':<12}{'wall s':>9}{'tokens':>8}{'tok/s':>9}{'x (a)':>8}")
+    for row in report["head_to_head"]:
+        for method in row["methods"]:
+            ratio = method["ratio_to_upstream"]
+            print(
+                f"{row['model']:<14}{method['name']:<12}{method['wall_s']:>9.2f}{method['output_tokens']:>8}"
+                f"{method['output_tok_s'] or 0:>9.1f}{'-' if ratio is None else format(ratio, '.2f'):>8}"
+            )
+        if row.get("serve_missing"):
+            print(f"{row['model']:<14}{row['serve_missing']}")
+        predicted = row.get("profile_predicted_ratio")
+        if row.get("measured_ratio") is not None:
+            print(
+                f"{row['model']:<14}(a)/(b) measured {row['measured_ratio']:.2f}, profile predicted "
+                + ("-" if predicted is None else f"{predicted:.2f}")
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     report = check(args)
     report["wall_s"] = round(time.perf_counter() - started, 1)
     print_tables(report)
+    print_head_to_head(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
         print(f"\nwrote {args.json}")

@@ -30,6 +30,7 @@ class Reply:
     finish_reason: str = "stop"
     headers: dict[str, str] = field(default_factory=dict)
     message: str | None = None  # error text; "{authorization}" and "{path}" are filled from the request
+    cached_tokens: int | None = None  # reported as usage.prompt_tokens_details.cached_tokens when set
 
 
 Responder = Callable[[dict[str, Any], int], Reply]
@@ -38,7 +39,7 @@ Responder = Callable[[dict[str, Any], int], Reply]
 class OpenAIStub:
     """Context manager: ``with OpenAIStub(responder) as stub: stub.base_url``."""
 
-    def __init__(self, responder: Responder) -> None:
+    def __init__(self, responder: Responder, port: int = 0) -> None:
         self.responder = responder
         self.requests: list[dict[str, Any]] = []
         self.paths: list[str] = []
@@ -49,6 +50,17 @@ class OpenAIStub:
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:  # keep test output quiet
                 pass
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server API)
+                # What a server's readiness probe asks: the model list, or /health.
+                known = self.path in ("/v1/models", "/health")
+                data = json.dumps({"object": "list", "data": [{"id": "stub", "object": "model"}]}).encode()
+                self.send_response(200 if known else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data) if known else 0))
+                self.end_headers()
+                if known:
+                    self.wfile.write(data)
 
             def do_POST(self) -> None:  # noqa: N802 (http.server API)
                 length = int(self.headers.get("Content-Length") or 0)
@@ -86,6 +98,8 @@ class OpenAIStub:
                             "total_tokens": reply.prompt_tokens + reply.completion_tokens,
                         },
                     }
+                    if reply.cached_tokens is not None:
+                        payload["usage"]["prompt_tokens_details"] = {"cached_tokens": reply.cached_tokens}
                 data = json.dumps(payload).encode()
                 try:
                     self.send_response(reply.status)
@@ -102,7 +116,7 @@ class OpenAIStub:
                     with stub._lock:
                         stub.answered += 1
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 

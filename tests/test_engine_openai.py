@@ -303,6 +303,33 @@ def test_sampling_params_sent_only_when_set(monkeypatch: pytest.MonkeyPatch) -> 
     assert engine.describe()["seed_accepted"] is True
 
 
+def test_ignore_eos_and_extra_body_reach_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--ignore-eos sends vLLM's field; --extra-body adds a server's own fields to every request."""
+    config = '{"max_new_tokens": 8, "min_new_tokens": 8}'
+    with OpenAIStub(echo) as stub:
+        engine = make_engine(stub, monkeypatch, extra_body={"generation_config": config})
+        engine.chat_one([{"role": "user", "content": "a"}], SamplingSpec(max_tokens=8, ignore_eos=True))
+        engine.chat_one([{"role": "user", "content": "b"}], SamplingSpec(max_tokens=8, top_k=3))
+    forced, plain = stub.requests
+    assert forced["ignore_eos"] is True and forced["generation_config"] == config
+    assert "ignore_eos" not in plain and (plain["generation_config"], plain["top_k"]) == (config, 3)
+    assert engine.describe()["extra_body"] == {"generation_config": config}
+
+
+def test_extra_body_flag_must_be_a_json_object() -> None:
+    import argparse
+
+    from sysbench_gpu.generation.cli import json_object, sampling_from_args
+
+    assert json_object('{"min_tokens": 4}') == {"min_tokens": 4}
+    for text, message in (("[1]", "expected a JSON object, got list"), ("{min", "not JSON")):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            json_object(text)
+    flags = dict(max_tokens=4, temperature=None, top_p=None, top_k=None, repetition_penalty=None, seed=None)
+    assert sampling_from_args(argparse.Namespace(**flags, ignore_eos=True)).ignore_eos is True
+    assert "ignore_eos" not in sampling_from_args(argparse.Namespace(**flags, ignore_eos=False)).explicit()
+
+
 def test_server_rejecting_seed_falls_back_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
     with OpenAIStub(echo) as stub:
         engine = make_engine(stub, monkeypatch)

@@ -96,6 +96,16 @@ def test_gpu_check_quick_on_cpu_writes_attention_and_generation_rows(tmp_path: P
         assert row["output_tokens"] == row["sessions"] * row["turns"] * row["max_tokens"]
         assert row["turn_sync_s"] > 0 and row["sequential_s"] > 0 and row["sequential_over_turn_sync_time"] > 0
     assert "attention capture" in result.stdout and "hf generation" in result.stdout
+    # The head to head: transformers serve is installed here, so all three ways ran on each model.
+    head_to_head = report["head_to_head"]
+    assert {row["model"] for row in head_to_head} == {"qwen2-7b", "llama-3.1-8b"}
+    for row in head_to_head:
+        assert row["engine"] == "hf" and row["serve_missing"] is None
+        assert [m["name"] for m in row["methods"]] == ["upstream", "in_process", "server"]
+        assert row["checks"]["same_turns_and_tokens"] is True
+        assert all(m["output_tokens"] == row["sessions"] * row["turns"] * row["max_tokens"] for m in row["methods"])
+        assert row["measured_ratio"] > 0
+    assert "head to head on the hf engine" in result.stdout
 
 
 def test_a_measure_without_the_contract_is_refused_clearly() -> None:
@@ -140,3 +150,23 @@ def test_gpu_tests_run_on_the_physical_gpu_behind_the_device(monkeypatch) -> Non
     monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
     result = gpu_check.run_gpu_tests("cuda:1")
     assert seen["visible"] == "3" and result["status"] == "passed" and result["counts"] == {"passed": 3}
+
+
+def test_head_to_head_without_transformers_serve_says_so_and_runs_in_process_alone(tmp_path, monkeypatch, capsys):
+    """A GPU machine without transformers[serving]: one line, then (b) alone, and the report says which ran."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.syspath_prepend(str(BENCH_DIR))
+    gpu_check = _gpu_check()
+    monkeypatch.setattr(gpu_check, "serve_available", lambda: (False, "transformers serve needs it; missing: fastapi"))
+    monkeypatch.setattr("tempfile.mkdtemp", lambda prefix="": str(tmp_path / "h2h"))
+    (tmp_path / "h2h").mkdir()
+    config = dict(gpu_check.model_config("qwen2-7b", scaled=True), num_hidden_layers=1)
+    _, sessions = __import__("bench_turn_sync").pick_sessions(None, 2, 1)
+    tokenizer = gpu_check.offline_tokenizer([s.system_prompt for s in sessions] + [s.turns[0].user for s in sessions])
+    args = gpu_check.parse_args(["--device", "cpu", "--threads", "2"])
+    row = gpu_check.head_to_head("qwen2-7b", config, tokenizer, "cpu", torch.float32, 2, 1, 2, args)
+    out = capsys.readouterr().out
+    assert "head to head runs (b) in process alone: transformers serve needs it; missing: fastapi" in out
+    assert row["serve_missing"] and row["server"] is None and row["engine"] == "hf"
+    assert [m["name"] for m in row["methods"]] == ["in_process"]
+    assert row["methods"][0]["output_tokens"] == 2 * 1 * 2 and row["measured_ratio"] is None

@@ -145,7 +145,8 @@ def test_judge_on_a_non_primary_rank_writes_nothing(tmp_path: Path, dataset) -> 
     )
     engine = SecondRankEngine(dataset)
     summary = judge_run(run, settings, lambda: engine, show_progress=False)
-    assert engine.calls == 1 and summary.judged == 9 and summary.skipped == 1  # the work was done ...
+    # One round: a call per distinct checklist (hf decodes under each checklist's schema).
+    assert engine.calls >= 1 and summary.judged == 9 and summary.skipped == 1  # the work was done ...
     assert snapshot(run.path) == before  # ... and nothing was written: no records, ledger, cache, manifest
     assert sorted(p.name for p in run.path.iterdir()) == ["generations.jsonl", "manifest.json", "sessions.json"]
     # Told by the launcher (RANK != 0) it is not primary, a rank writes nothing even with nothing to judge.

@@ -2,8 +2,8 @@
 
 The judge sees the system message, the user turns and each assistant's conversation up to
 the turn, and answers which final reply better follows the system message and the user:
-``{"reason": "...", "winner": "A" | "B" | "tie"}``. Under vLLM, guided decoding holds the
-reply to that schema; other judges may also answer a bare ``A``, ``B`` or ``tie`` first.
+``{"reason": "...", "winner": "A" | "B" | "tie"}``. Under vLLM and hf, guided decoding holds
+the reply to that schema; other judges may also answer a bare ``A``, ``B`` or ``tie`` first.
 """
 
 from __future__ import annotations

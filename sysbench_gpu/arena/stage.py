@@ -197,7 +197,7 @@ def _manifest_fields(request: ArenaRequest, runs: Sequence[ArenaRun], started: s
             "model": request.judge.model,
             "max_retries": request.judge.max_retries,
             "max_tokens": request.judge.max_tokens,
-            "guided_decoding": request.judge.backend == "vllm",
+            "guided_decoding": request.judge.guided_decoding,
             "cache_dir": str(request.judge.cache_dir) if request.judge.cache_dir is not None else None,
             "both_orders": True,
         }

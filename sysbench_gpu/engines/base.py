@@ -15,7 +15,8 @@ class SamplingSpec:
     """Sampling parameters. None means "the model's own default" (its generation config).
 
     ``json_schema`` asks engines that support it (vLLM) to constrain the output to a
-    JSON schema; others ignore it.
+    JSON schema; others ignore it. ``ignore_eos`` runs every reply to ``max_tokens``
+    (benchmarks that compare schedules need the same tokens decoded by each).
     """
 
     max_tokens: int | None = None
@@ -25,6 +26,7 @@ class SamplingSpec:
     repetition_penalty: float | None = None
     seed: int | None = None
     json_schema: dict[str, Any] | None = None
+    ignore_eos: bool | None = None  # None and False: stop at the model's end of sequence
 
     def explicit(self) -> dict[str, Any]:
         """Only the fields a user set, for the manifest."""

@@ -5,7 +5,8 @@ cut into chunks of ``batch_size`` so that each batch pads little; completions ar
 returned in input order. Defaults come from the model's generation config (greedy for
 SmolLM2); a ``SamplingSpec`` field overrides only when it is set. ``max_tokens``
 falls back to ``DEFAULT_MAX_TOKENS`` because a generation config's ``max_length`` is
-usually a tiny library default, not a choice of the model's authors.
+usually a tiny library default, not a choice of the model's authors. A ``json_schema``
+constrains every reply of the call through xgrammar, as on vLLM (``engines.grammar``).
 
 torch and transformers are imported when an engine is built, never at module import.
 """
@@ -21,6 +22,7 @@ from typing import Any
 from sysbench_gpu.core.chat import ChatMessage
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.engines.base import Completion, SamplingSpec
+from sysbench_gpu.engines.grammar import SchemaGrammars
 from sysbench_gpu.engines.models import resolve_model
 from sysbench_gpu.engines.startup import startup_failure
 from sysbench_gpu.modeling.key_bias import key_bias
@@ -173,6 +175,10 @@ class HFEngine:
         self.hf_model.eval()
         self.input_device = str(self.hf_model.device)
         self.eos_ids = _eos_ids(self.hf_model.generation_config, self.tokenizer)
+        # JSON-schema grammars, compiled once per schema for this engine's tokenizer (xgrammar, on first use).
+        self.grammars = SchemaGrammars(
+            self.tokenizer, _vocab_size(hf_model, self.tokenizer), self.eos_ids, self.tokenizer.pad_token_id
+        )
         self._system_role: bool | None = None
         self.steering = steering
         self._n_layers = len(attention_modules(hf_model)) if steering is not None else None
@@ -236,7 +242,7 @@ class HFEngine:
             kwargs.update(temperature=None, top_p=None, top_k=None)
         if sampling.repetition_penalty is not None:
             kwargs["repetition_penalty"] = sampling.repetition_penalty
-        if self.ignore_eos:
+        if self.ignore_eos or sampling.ignore_eos:
             kwargs["min_new_tokens"] = kwargs["max_new_tokens"]
         return kwargs
 
@@ -246,6 +252,13 @@ class HFEngine:
 
         if not conversations:
             return []
+        schema = sampling.json_schema
+        if schema is not None:
+            if self.ignore_eos or sampling.ignore_eos:
+                raise SysbenchError(
+                    "hf engine: a JSON schema and ignore_eos do not combine (a finished reply can only stop)"
+                )
+            self.grammars.compiled(schema)  # a schema xgrammar cannot compile fails before any generation
         prompts = [self.prompt_ids(conversation) for conversation in conversations]
         kwargs = self.generation_kwargs(sampling)
         seed = sampling.seed if sampling.seed is not None else self.seed
@@ -256,7 +269,9 @@ class HFEngine:
         chunks = [order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)]
         results: list[Completion | None] = [None] * len(prompts)
         for chunk in tqdm(chunks, desc="hf batches", unit="batch", disable=len(chunks) < 2, leave=False):
-            batch = self._generate_batch([prompts[i] for i in chunk], kwargs, [spans[i] for i in chunk])
+            batch = self._generate_batch(
+                [prompts[i] for i in chunk], kwargs, [spans[i] for i in chunk], bool(sampling.ignore_eos), schema
+            )
             for index, completion in zip(chunk, batch, strict=False):
                 results[index] = completion
         return [completion for completion in results if completion is not None]
@@ -285,10 +300,20 @@ class HFEngine:
         )
 
     def _generate_batch(
-        self, prompts: list[list[int]], kwargs: dict[str, Any], spans: Sequence[tuple[int, int] | None] = ()
+        self,
+        prompts: list[list[int]],
+        kwargs: dict[str, Any],
+        spans: Sequence[tuple[int, int] | None] = (),
+        ignore_eos: bool = False,
+        schema: dict[str, Any] | None = None,
     ) -> list[Completion]:
         import torch
 
+        if schema is not None:
+            from transformers import LogitsProcessorList
+
+            # A fresh processor per batch: its matchers follow this batch's rows.
+            kwargs = {**kwargs, "logits_processor": LogitsProcessorList([self.grammars.processor(schema)])}
         width = max(len(p) for p in prompts)
         pad = self.tokenizer.pad_token_id
         pads = [width - len(p) for p in prompts]
@@ -309,7 +334,7 @@ class HFEngine:
         new_tokens = output[:, width:].tolist()
         completions = []
         for prompt, tokens in zip(prompts, new_tokens, strict=False):
-            kept, finish = self._cut_at_eos(tokens, kwargs["max_new_tokens"])
+            kept, finish = self._cut_at_eos(tokens, kwargs["max_new_tokens"], ignore_eos)
             completions.append(
                 Completion(
                     text=self.tokenizer.decode(kept, skip_special_tokens=True),
@@ -320,9 +345,9 @@ class HFEngine:
             )
         return completions
 
-    def _cut_at_eos(self, tokens: list[int], max_new_tokens: int) -> tuple[list[int], str]:
+    def _cut_at_eos(self, tokens: list[int], max_new_tokens: int, ignore_eos: bool = False) -> tuple[list[int], str]:
         """Tokens before the first eos; finish 'stop' when an eos ended it, else 'length'."""
-        if not self.ignore_eos:
+        if not (self.ignore_eos or ignore_eos):
             for position, token in enumerate(tokens):
                 if token in self.eos_ids:
                     return tokens[:position], "stop"
@@ -353,6 +378,8 @@ class HFEngine:
             "context_length": self.context_length(),
             "defaults": defaults,
             "steering": None if self.steering is None else self.steering.describe(self._n_layers),
+            # What constrains replies to a JSON schema (SamplingSpec.json_schema); None: xgrammar is missing.
+            "structured_output": self.grammars.backend,
         }
 
     def close(self) -> None:
@@ -373,6 +400,15 @@ def _resolve_dtype_name(dtype: str | None, device: str) -> str:
         if _DTYPES[key] is not None:
             return _DTYPES[key]
     return "bfloat16" if str(device).startswith("cuda") else "float32"
+
+
+def _vocab_size(hf_model: Any, tokenizer: Any) -> int:
+    """The width of the model's logits (``config.vocab_size``; a tokenizer can have fewer or more ids)."""
+    config = hf_model.config
+    size = getattr(config, "vocab_size", None)
+    if not isinstance(size, int) and hasattr(config, "get_text_config"):
+        size = getattr(config.get_text_config(), "vocab_size", None)
+    return size if isinstance(size, int) and size > 0 else len(tokenizer)
 
 
 def _eos_ids(generation_config: Any, tokenizer: Any) -> set[int]:

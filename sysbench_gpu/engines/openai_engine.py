@@ -19,13 +19,13 @@ import logging
 import os
 import random
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from sysbench_gpu.core.chat import ChatMessage
 from sysbench_gpu.core.errors import SysbenchError
-from sysbench_gpu.core.redact import RedactionTally, Secrets, redact_url
+from sysbench_gpu.core.redact import RedactionTally, Secrets, redact_settings, redact_url
 from sysbench_gpu.engines.base import Completion, SamplingSpec
 from sysbench_gpu.engines.retry import (
     Clock,
@@ -65,6 +65,7 @@ class OpenAIEngine:
         clock: Clock | None = None,
         rng_seed: int | None = None,
         secrets: Secrets | None = None,
+        extra_body: Mapping[str, Any] | None = None,
     ) -> None:
         import openai  # lazy: the CLI must start without it
 
@@ -79,6 +80,9 @@ class OpenAIEngine:
         self.concurrency = concurrency
         self.timeout = timeout
         self._context_length = context_length
+        # Server-specific request fields sent with every request (vLLM's min_tokens, transformers
+        # serve's generation_config); the sampling flags win where both set a field.
+        self.extra_body = dict(extra_body or {})
         self.policy = RetryPolicy(max_retries=max_retries, base_delay_s=backoff_base_s, max_delay_s=backoff_max_s)
         self.retries = RetryCounter()
         self._clock = clock
@@ -206,6 +210,7 @@ class OpenAIEngine:
             "redactions": self.redactions.snapshot(),  # secrets replaced in replies and error texts
             "seed_accepted": self._seed_accepted,
             "context_length": self._context_length,
+            "extra_body": redact_settings(self.extra_body),
             "openai_version": getattr(self._openai, "__version__", None),
         }
 
@@ -226,7 +231,9 @@ class OpenAIEngine:
         if sampling.seed is not None and self._seed_accepted is not False:
             kwargs["seed"] = sampling.seed
         # Not in OpenAI's API; vLLM's server (and others) read them from the body.
-        extra_body: dict[str, Any] = {}
+        extra_body: dict[str, Any] = dict(self.extra_body)
+        if sampling.ignore_eos:
+            extra_body["ignore_eos"] = True  # vLLM's server field; other servers: --extra-body
         if sampling.top_k is not None:
             extra_body["top_k"] = sampling.top_k
         if sampling.repetition_penalty is not None:

@@ -201,6 +201,8 @@ class LocalVLLM:
                 values[name] = value
         if sampling.json_schema is not None:
             values.update(structured_output_option(sampling.json_schema))
+        if sampling.ignore_eos:
+            values["ignore_eos"] = True
         return SamplingParams(**values)
 
     # --- model facts -------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from typing import Any
 
 from sysbench_gpu.benchmarks.registry import benchmark_names, generation_presets, load_dataset
@@ -53,6 +54,7 @@ ENGINE_FLAGS: dict[str, dict[str, str]] = {
         "concurrency": "concurrency",
         "max_retries": "max_retries",
         "timeout": "timeout",
+        "extra_body": "extra_body",
     },
 }
 _SHARED_FLAGS = {"seed"}  # a sampling flag that engines also take when they have it
@@ -154,6 +156,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sampling.add_argument("--top-k", type=int)
     sampling.add_argument("--repetition-penalty", type=float)
     sampling.add_argument("--seed", type=int, help="sampling seed (also the engine seed for hf and vllm)")
+    sampling.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="decode every reply to --max-tokens (for throughput comparisons; openai engine: vLLM's server field)",
+    )
     hf = parser.add_argument_group("hf engine")
     hf.add_argument("--batch-size", type=int, help="sequences per generate() batch (default 32)")
     hf.add_argument("--device", help="cuda, cuda:1, cpu (default: cuda when available)")
@@ -183,7 +190,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     openai.add_argument("--concurrency", type=int)
     openai.add_argument("--max-retries", type=int)
     openai.add_argument("--timeout", type=float)
+    openai.add_argument(
+        "--extra-body",
+        type=json_object,
+        metavar="JSON",
+        help="fields added to every request body, e.g. '{\"min_tokens\": 8}' (vLLM) or "
+        '\'{"generation_config": "..."}\' (transformers serve)',
+    )
     parser.set_defaults(func=_cmd_generate)
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """A flag's JSON object, or argparse's one-line error."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON ({error.msg} at character {error.pos})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingSpec:
@@ -198,6 +223,7 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingSpec:
         top_k=args.top_k,
         repetition_penalty=args.repetition_penalty,
         seed=args.seed,
+        ignore_eos=True if getattr(args, "ignore_eos", False) else None,
     )
 
 

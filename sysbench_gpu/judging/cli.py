@@ -67,7 +67,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="judge reply token limit")
     parser.add_argument(
-        "--max-reasoning-chars", type=int, default=2000, help="vllm: cap on the reasoning string under guided decoding"
+        "--max-reasoning-chars",
+        type=int,
+        default=2000,
+        help="vllm and hf: cap on the reasoning string under guided decoding",
     )
     parser.add_argument("--seed", type=int, help="sampling seed (where the backend honours one)")
     parser.add_argument(

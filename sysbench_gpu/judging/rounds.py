@@ -5,7 +5,7 @@ Two ways to ask, one set of rules:
 - ``judge_tasks_api`` (openai): one worker per turn, at most ``concurrency`` at once,
   each running its own attempt loop through ``engine.chat_one``;
 - ``judge_tasks_batched`` (vllm, hf): every pending prompt in one ``engine.chat`` per
-  round, grouped by guided-decoding schema on vllm.
+  round, grouped by guided-decoding schema (vllm and hf constrain the reply to it).
 
 Both read each reply with the reply format the benchmark gave the task (a SysBench
 checklist reply, an MT-Eval 1-10 score: ``benchmarks.judge_tasks.ReplyFormat``), retry a reply that
@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_RETRIES = 10
 DEFAULT_MAX_TOKENS = 1024
 RETRY_TEMPERATURES = (0.0, 0.5)  # first half of the attempts, second half
+GUIDED_BACKENDS = ("vllm", "hf")  # local judges whose engine holds the reply to its JSON schema
 
 
 def temperature_for(attempt: int, max_retries: int) -> float:
@@ -59,7 +60,7 @@ class JudgeSettings:
     max_retries: int = DEFAULT_MAX_RETRIES
     max_tokens: int | None = DEFAULT_MAX_TOKENS
     seed: int | None = None
-    max_reasoning_chars: int | None = 2000  # guided decoding only
+    max_reasoning_chars: int | None = 2000  # guided decoding (vllm, hf) only
     cache_dir: Path | None = None  # None: no cache
     concurrency: int = 8
     retry_round: int = 0  # > 0 after --retry-unparsed: new cache keys, so failed questions are asked anew
@@ -70,10 +71,15 @@ class JudgeSettings:
         """The hashes of every template this judge may have used (records name theirs)."""
         return {t.sha256 for t in (self.template, *self.score_templates.values()) if t is not None}
 
+    @property
+    def guided_decoding(self) -> bool:
+        """True when the judge's engine constrains each reply to the task's JSON schema."""
+        return self.backend in GUIDED_BACKENDS
+
     def sampling(self, attempt: int, task: JudgeTask | None = None) -> SamplingSpec:
-        """Sampling of ``attempt``; on vllm with the JSON schema of ``task``'s reply (guided decoding)."""
+        """Sampling of ``attempt``; on vllm and hf with the JSON schema of ``task``'s reply (guided decoding)."""
         schema = None
-        if self.backend == "vllm" and task is not None and task.reply is not None:
+        if self.guided_decoding and task is not None and task.reply is not None:
             schema = task.reply.schema(self.max_reasoning_chars)
         return SamplingSpec(
             max_tokens=self.max_tokens,
@@ -320,7 +326,7 @@ def judge_tasks_batched(
     recorder: Recorder,
     progress: Any = None,
 ) -> None:
-    """Local judges: every pending prompt in one ``engine.chat`` per round (per schema on vllm)."""
+    """Local judges: every pending prompt in one ``engine.chat`` per round (per schema under guided decoding)."""
     states = [_TaskState(task) for task in tasks]
     pending = _drop_overlong(states, engine, settings, recorder, progress)
     for attempt in range(settings.max_retries):
