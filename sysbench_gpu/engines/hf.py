@@ -22,6 +22,7 @@ from typing import Any
 from sysbench_gpu.core.chat import ChatMessage
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.engines.base import Completion, SamplingSpec
+from sysbench_gpu.engines.cpu_threads import choose_cpu_threads
 from sysbench_gpu.engines.grammar import SchemaGrammars
 from sysbench_gpu.engines.models import resolve_model
 from sysbench_gpu.engines.startup import startup_failure
@@ -63,6 +64,7 @@ class HFEngine:
         ignore_eos: bool = False,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         steering: Steering | None = None,
+        cpu_threads: int | None = None,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -75,6 +77,11 @@ class HFEngine:
         # With a device map the weights land on the GPUs when there are any.
         placement = device if device_map is None else ("cuda" if torch.cuda.is_available() else "cpu")
         dtype_name = _resolve_dtype_name(dtype, placement)
+        if cpu_threads is not None and cpu_threads < 1:
+            raise SysbenchError(f"hf engine: cpu_threads must be at least 1, got {cpu_threads}")
+        threads = choose_cpu_threads(cpu_threads) if placement == "cpu" else None
+        if threads is not None and threads.threads is not None:
+            torch.set_num_threads(threads.threads)
 
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
@@ -104,6 +111,8 @@ class HFEngine:
             default_max_tokens=default_max_tokens,
             steering=steering,
         )
+        if threads is not None:
+            self.cpu_threads = {"threads": torch.get_num_threads(), "why": threads.why}
 
     @classmethod
     def from_model(
@@ -181,6 +190,7 @@ class HFEngine:
         )
         self._system_role: bool | None = None
         self.steering = steering
+        self.cpu_threads: dict[str, Any] | None = None  # on a CPU: torch's threads and why (engines.cpu_threads)
         self._n_layers = len(attention_modules(hf_model)) if steering is not None else None
         if steering is not None and steering.active:
             steering.layers(self._n_layers or 0)  # a bad --steer-layers is one line before any generation
@@ -380,6 +390,7 @@ class HFEngine:
             "steering": None if self.steering is None else self.steering.describe(self._n_layers),
             # What constrains replies to a JSON schema (SamplingSpec.json_schema); None: xgrammar is missing.
             "structured_output": self.grammars.backend,
+            "cpu_threads": self.cpu_threads,
         }
 
     def close(self) -> None:

@@ -35,6 +35,7 @@ ENGINE_FLAGS: dict[str, dict[str, str]] = {
         "batch_size": "batch_size",
         "device_map": "device_map",
         "seed": "seed",
+        "cpu_threads": "cpu_threads",
     },
     "vllm": {
         "tensor_parallel_size": "tensor_parallel_size",
@@ -165,6 +166,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     hf.add_argument("--batch-size", type=int, help="sequences per generate() batch (default 32)")
     hf.add_argument("--device", help="cuda, cuda:1, cpu (default: cuda when available)")
     hf.add_argument("--device-map", help="'auto' spreads a large model over the GPUs through accelerate")
+    hf.add_argument(
+        "--cpu-threads",
+        type=int,
+        help="torch threads on a CPU (default: the cores idle at start; OMP_NUM_THREADS wins when set)",
+    )
     hf.add_argument(
         "--steer-system",
         type=float,
