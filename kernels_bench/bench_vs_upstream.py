@@ -252,6 +252,31 @@ def predicted_ratio(profile: dict[str, Any], threads: int, device_spec: str | No
     }
 
 
+def measured_cpu_spec(setup: Setup, work_dir: Path) -> str | None:
+    """On a CPU, this machine's measured FLOP/s and bandwidth (measure_cpu_spec.py) for the profile.
+
+    The packaged ``cpu`` spec is a ceiling far above any CPU, at 80 FLOP per byte: under it every
+    schedule looks memory-bound and is priced by its forwards. A CPU is compute-bound once a batch
+    holds a few sequences (here 163 GFLOP/s against 32 GB/s, 5 FLOP per byte), so the threads'
+    extra forwards cost little, and the measured spec says so. None on a GPU (profile's choice).
+    """
+    if setup.engine == "vllm":
+        from sysbench_gpu.engines.vllm_memory import on_cpu_platform
+
+        if not on_cpu_platform():
+            return None
+    elif not on_cpu(setup.device):
+        return None
+    out = work_dir / "cpu-spec.json"
+    command = [sys.executable, str(Path(__file__).with_name("measure_cpu_spec.py")), "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        print(f"could not measure this CPU ({done.stderr.strip()[-200:]}); profile uses its default spec")
+        return None
+    print(f"profile's device spec: this CPU, measured ({out})", flush=True)
+    return str(out)
+
+
 # ------------------------------------------------------------------ the three ways
 
 
@@ -521,7 +546,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", help="hf: cpu, cuda (default: cuda when available)")
     parser.add_argument("--dtype", help="float32, bfloat16, ... (default: the engine's)")
     parser.add_argument("--methods", default=",".join(METHODS), help="which ways to run, comma-separated")
-    parser.add_argument("--device-spec", help="profile's --device-spec (default: its own choice)")
+    parser.add_argument(
+        "--device-spec",
+        help="profile's --device-spec (default: on a CPU, this CPU measured by measure_cpu_spec.py; else profile's)",
+    )
     parser.add_argument("--work-dir", help="where the runs and logs go (default: a new temporary folder)")
     parser.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for the server")
     parser.add_argument("--json", help="write the report to this file")
@@ -571,9 +599,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     prediction = None
     if "in_process" in setup.methods:
-        prediction = profile_prediction(
-            work_dir / "run-in-process", args.threads, args.device_spec, work_dir / "bench.log"
-        )
+        spec = args.device_spec or measured_cpu_spec(setup, work_dir)
+        prediction = profile_prediction(work_dir / "run-in-process", args.threads, spec, work_dir / "bench.log")
     report = summarize(setup, results, prediction)
     report["work_dir"] = str(work_dir)
     print_report(report)
