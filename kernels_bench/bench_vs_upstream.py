@@ -260,12 +260,7 @@ def measured_cpu_spec(setup: Setup, work_dir: Path) -> str | None:
     holds a few sequences (here 163 GFLOP/s against 32 GB/s, 5 FLOP per byte), so the threads'
     extra forwards cost little, and the measured spec says so. None on a GPU (profile's choice).
     """
-    if setup.engine == "vllm":
-        from sysbench_gpu.engines.vllm_memory import on_cpu_platform
-
-        if not on_cpu_platform():
-            return None
-    elif not on_cpu(setup.device):
+    if not runs_on_cpu(setup):
         return None
     out = work_dir / "cpu-spec.json"
     command = [sys.executable, str(Path(__file__).with_name("measure_cpu_spec.py")), "--out", str(out)]
@@ -301,16 +296,14 @@ class Setup:
 
 def server_spec(setup: Setup) -> ServerSpec:
     if setup.engine == "vllm":
-        from sysbench_gpu.engines.vllm_memory import on_cpu_platform
-
         env = {}
-        if on_cpu_platform() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+        if runs_on_cpu(setup) and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, cpu_kv_bytes(setup.model_path) // GIB))
         return vllm_server_spec(
             setup.model_path, "bench-model", tensor_parallel_size=setup.tensor_parallel_size, env=env
         )
     extra: list[str] = []
-    if on_cpu(setup.device):
+    if runs_on_cpu(setup):
         # Its paged cache takes 0.9 of the machine's free RAM by default on a CPU (sized as if it were
         # a GPU's memory): give it the KV cache the in-process engines would take instead.
         import psutil
@@ -325,9 +318,14 @@ def server_spec(setup: Setup) -> ServerSpec:
 GIB = 1 << 30
 
 
-def on_cpu(device: str | None) -> bool:
-    if device is not None:
-        return device.startswith("cpu")
+def runs_on_cpu(setup: Setup) -> bool:
+    """Whether the engine runs on the CPU: vLLM's CPU build, or hf on ``--device cpu`` (or no GPU)."""
+    if setup.engine == "vllm":
+        from sysbench_gpu.engines.vllm_memory import on_cpu_platform
+
+        return on_cpu_platform()
+    if setup.device is not None:
+        return setup.device.startswith("cpu")
     import torch
 
     return not torch.cuda.is_available()

@@ -263,8 +263,9 @@ class HFEngine:
         if not conversations:
             return []
         schema = sampling.json_schema
+        ignore_eos = self.ignore_eos or bool(sampling.ignore_eos)
         if schema is not None:
-            if self.ignore_eos or sampling.ignore_eos:
+            if ignore_eos:
                 raise SysbenchError(
                     "hf engine: a JSON schema and ignore_eos do not combine (a finished reply can only stop)"
                 )
@@ -280,7 +281,7 @@ class HFEngine:
         results: list[Completion | None] = [None] * len(prompts)
         for chunk in tqdm(chunks, desc="hf batches", unit="batch", disable=len(chunks) < 2, leave=False):
             batch = self._generate_batch(
-                [prompts[i] for i in chunk], kwargs, [spans[i] for i in chunk], bool(sampling.ignore_eos), schema
+                [prompts[i] for i in chunk], kwargs, [spans[i] for i in chunk], ignore_eos, schema
             )
             for index, completion in zip(chunk, batch, strict=False):
                 results[index] = completion
@@ -314,7 +315,7 @@ class HFEngine:
         prompts: list[list[int]],
         kwargs: dict[str, Any],
         spans: Sequence[tuple[int, int] | None] = (),
-        ignore_eos: bool = False,
+        ignore_eos: bool = False,  # the engine's or the call's: replies run to max_new_tokens
         schema: dict[str, Any] | None = None,
     ) -> list[Completion]:
         import torch
@@ -355,9 +356,9 @@ class HFEngine:
             )
         return completions
 
-    def _cut_at_eos(self, tokens: list[int], max_new_tokens: int, ignore_eos: bool = False) -> tuple[list[int], str]:
-        """Tokens before the first eos; finish 'stop' when an eos ended it, else 'length'."""
-        if not (self.ignore_eos or ignore_eos):
+    def _cut_at_eos(self, tokens: list[int], max_new_tokens: int, ignore_eos: bool) -> tuple[list[int], str]:
+        """Tokens before the first eos (unless ``ignore_eos``); finish 'stop' when an eos ended it, else 'length'."""
+        if not ignore_eos:
             for position, token in enumerate(tokens):
                 if token in self.eos_ids:
                     return tokens[:position], "stop"
