@@ -17,6 +17,7 @@ from sysbench_gpu.core.locks import stage_lock
 from sysbench_gpu.core.messages import (
     SYSTEM_FOLD_SEPARATOR,
 )
+from sysbench_gpu.core.redact import Secrets, redact_settings
 from sysbench_gpu.core.rundir import RunDir, utc_now
 from sysbench_gpu.core.sessions import Dataset, Session
 from sysbench_gpu.engines.base import Engine
@@ -45,14 +46,16 @@ def run_generation(
     engine_options: Mapping[str, Any] | None = None,
     progress: bool = True,
     lock: bool = True,
+    secrets: Secrets | None = None,
 ) -> GenerateSummary:
     """Generate every missing (session, turn) of ``sessions`` into ``run_dir``; resumable.
 
     ``lock``: hold the stage lock of ``run_dir`` (primary only) for the call; False when the caller holds it.
+    ``secrets``: the command's known secret values, removed from the recorded ``engine_options``.
     """
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     with stage_lock(run_dir.path, STAGE, enabled=lock and bool(getattr(engine, "is_primary", True))):
-        return _run_generation_locked(engine, dataset, sessions, run_dir, settings, engine_options, progress)
+        return _run_generation_locked(engine, dataset, sessions, run_dir, settings, engine_options, progress, secrets)
 
 
 def _run_generation_locked(
@@ -63,6 +66,7 @@ def _run_generation_locked(
     settings: GenerateSettings,
     engine_options: Mapping[str, Any] | None,
     progress: bool,
+    secrets: Secrets | None = None,
 ) -> GenerateSummary:
     check_compatible(run_dir, settings, dataset)
     plan = settings.plan(dataset)
@@ -102,7 +106,8 @@ def _run_generation_locked(
             preset=settings.preset,
             steering=settings.steering,
             data_sha256=dataset.sha256,
-            engine_options=dict(engine_options or {}),
+            # --extra-body is stored as given, less any known secret value it holds literally.
+            engine_options=redact_settings(dict(engine_options or {}), secrets),
             engine_describe=described,
             sampling_defaults=described.get("defaults"),
             max_tokens_reserved=scheduler.reserve,
