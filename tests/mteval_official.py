@@ -33,24 +33,53 @@ def scratch_official(shared_mteval: Path, tmp: Path) -> Path:
     return folder
 
 
-def punkt_tab_folder(tmp: Path) -> Path:
-    """An NLTK data folder holding ``tokenizers/punkt_tab/english`` written from the Punkt model we ship.
+# SHA-256 of NLTK's own English Punkt tables (nltk_data's tokenizers/punkt_tab/english/), each file's
+# lines sorted, as punkt_tab_folder writes them. Taken once from NLTK's files as llama-index-core
+# 0.14.25 bundles them (its _static/nltk_cache); the tables of NLTK's older PY3/english.pickle (as
+# llama-index 0.9.48 bundles it, the model nltk 3.8.1 loads) are the same. The offline tests cannot
+# download NLTK's data, so these pin the reference to NLTK's model and not to the package we ship.
+NLTK_ENGLISH_PUNKT_SHA256 = {
+    "abbrev_types.txt": "c7baa3c333ea86629a32400663db8cfcc5c6d61a37107ddeac60111b550806cd",
+    "collocations.tab": "ba850bde20b6d640723a51f3e747f0f4f19c98938f1d67d2692a5595c2cc48e3",
+    "ortho_context.tab": "b907db07477c8d682c83331ad38b56178e77120c4ff55bb799bf43044e75d305",
+    "sent_starters.txt": "9288e8cdec3ce0026b82851a145d0b5c3cfbbe64e1ea6dfa0c41d55f2e53c858",
+}
 
-    NLTK then loads it with its own ``PunktTokenizer``, so the reference takes NLTK's loading path,
-    not ours.
-    """
+
+def punkt_tab_tables() -> dict[str, str]:
+    """The shipped English Punkt model as the four punkt_tab files (lines sorted), by file name."""
     from punkt.data import load_module
 
     model = load_module("english")
+    return {
+        "abbrev_types.txt": "".join(f"{a}\n" for a in sorted(model.ABBREV_TYPES)),
+        "sent_starters.txt": "".join(f"{s}\n" for s in sorted(model.SENT_STARTERS)),
+        "collocations.tab": "".join(f"{a}\t{b}\n" for a, b in sorted(model.COLLOCATIONS)),
+        "ortho_context.tab": "".join(f"{k}\t{v}\n" for k, v in sorted(model.ORTHO_CONTEXT.items())),
+    }
+
+
+def punkt_tab_folder(tmp: Path) -> Path:
+    """An NLTK data folder holding ``tokenizers/punkt_tab/english``: NLTK's English Punkt model.
+
+    Written from the model we ship, and refused unless each table's digest is that of NLTK's own
+    file (``NLTK_ENGLISH_PUNKT_SHA256``). NLTK then loads it with its own ``PunktTokenizer``, so the
+    reference takes NLTK's loading path and NLTK's parameters, not ours.
+    """
+    import hashlib
+
+    tables = punkt_tab_tables()
+    changed = [
+        name
+        for name, text in tables.items()
+        if hashlib.sha256(text.encode("utf-8")).hexdigest() != NLTK_ENGLISH_PUNKT_SHA256[name]
+    ]
+    assert not changed, f"the shipped Punkt model differs from NLTK's English punkt_tab in {changed}"
     root = tmp / "nltk_data"
     english = root / "tokenizers" / "punkt_tab" / "english"
     english.mkdir(parents=True)
-    (english / "abbrev_types.txt").write_text("".join(f"{a}\n" for a in sorted(model.ABBREV_TYPES)), "utf-8")
-    (english / "sent_starters.txt").write_text("".join(f"{s}\n" for s in sorted(model.SENT_STARTERS)), "utf-8")
-    (english / "collocations.tab").write_text("".join(f"{a}\t{b}\n" for a, b in sorted(model.COLLOCATIONS)), "utf-8")
-    (english / "ortho_context.tab").write_text(
-        "".join(f"{k}\t{v}\n" for k, v in sorted(model.ORTHO_CONTEXT.items())), "utf-8"
-    )
+    for name, text in tables.items():
+        (english / name).write_text(text, "utf-8")
     return root
 
 
@@ -93,6 +122,58 @@ def stub_modules(generate: Callable[..., Any] | None = None) -> dict[str, types.
 
 def _refuse(*args: Any, **kwargs: Any) -> Any:
     raise AssertionError("a stubbed official dependency was called")
+
+
+SCORE_REPLY = '{"Rationale": "stub", "Score": 5}'
+
+
+def client_stubs(sent: list[dict[str, Any]], tmp_folder: Path) -> dict[str, types.ModuleType]:
+    """The stubs for running the authors' own client, ``utils/openai_generate.py``, instead of a stand-in.
+
+    ``openai`` 0.x and ``transformers`` (which it imports) are stubbed: ``ChatCompletion.create``
+    keeps the arguments of each request in ``sent`` (what the client would send) and answers
+    ``SCORE_REPLY``. The client reads its key pool from ``utils/api_keys.json`` when imported, so
+    a placeholder pool is written into the scratch copy ``tmp_folder`` (never a real key).
+    """
+    (tmp_folder / "utils" / "api_keys.json").write_text('[{"key": "placeholder-not-a-key"}]', "utf-8")
+
+    def create(**kwargs: Any) -> dict[str, Any]:
+        sent.append(kwargs)
+        choice = {"message": {"role": "assistant", "content": SCORE_REPLY}, "text": SCORE_REPLY}
+        return {"usage": {"prompt_tokens": 1, "completion_tokens": 1}, "choices": [choice]}
+
+    errors = {
+        name: type(name, (Exception,), {})
+        for name in (
+            "RateLimitError",
+            "APIError",
+            "APIConnectionError",
+            "Timeout",
+            "AuthenticationError",
+            "ServiceUnavailableError",
+            "InvalidRequestError",
+        )
+    }
+    error_module = _module("openai.error", **errors)
+    openai = _module(
+        "openai",
+        error=error_module,
+        ChatCompletion=types.SimpleNamespace(create=create),
+        Completion=types.SimpleNamespace(create=_refuse),
+    )
+    stubs = stub_modules()
+    del stubs["utils.openai_generate"]  # the authors' own file answers
+    return {
+        **stubs,
+        "openai": openai,
+        "openai.error": error_module,
+        "transformers": _module("transformers", GPT2Tokenizer=object),
+    }
+
+
+def quiet_client() -> None:
+    """No half-second pause after each of the client's requests (its ``sleep``), once it is imported."""
+    sys.modules["utils.openai_generate"].sleep = lambda seconds: None  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ import pytest
 
 from sysbench_gpu.benchmarks.mteval.data import parse_dialogues
 from sysbench_gpu.benchmarks.mteval.judge_prompt import (
+    ScoreReply,
     dialogue_document,
     follow_up_conversation,
     judge_kind,
@@ -129,9 +130,14 @@ def test_kind_mismatch_and_rule_tasks_are_errors() -> None:
         ("{'rationale': 'single quotes', 'score': 1,}", 1, "single quotes"),  # the documented repair
         ('An example {"score": 99} first, then {"rationale": "real", "score": 3}', 3, "real"),
         ('{"reasoning": "alias", "score": 7}', 7, "alias"),
+        # Only the score, as the authors' parser takes it (it reads "Score" alone).
+        ('{"Score": 7}', 7, None),
+        ('```json\n{"score": 5}\n```', 5, None),
+        ('{"Rationale": ["not", "a", "string"], "Score": 4}', 4, None),
+        ('{"Rationale": "one", "reason": "two", "Score": 6}', 6, None),
     ],
 )
-def test_valid_replies(reply: str, score: int, rationale: str) -> None:
+def test_valid_replies(reply: str, score: int, rationale: str | None) -> None:
     parsed = parse_score_reply(reply)
     assert parsed.ok and (parsed.score, parsed.rationale) == (score, rationale)
 
@@ -148,7 +154,6 @@ def test_valid_replies(reply: str, score: int, rationale: str) -> None:
         ('{"rationale": "x", "score": "8"}', 'score "8" is not an integer'),
         ('{"rationale": "x", "score": true}', "score true is not an integer"),
         ('{"rationale": "x"}', "no 'score' key"),
-        ('{"score": 5}', "no single string 'rationale'"),
         ('{"rationale": "x", "score": 5, "Score": 6}', "two spellings"),
         ('{"rationale": "x", "score": 5, "score": 6}', "no JSON object found"),  # duplicate key: not accepted
         ('{"rationale": "x", "score": __import__("os").getpid()}', "no JSON object found"),  # never evaluated
@@ -157,6 +162,14 @@ def test_valid_replies(reply: str, score: int, rationale: str) -> None:
 def test_invalid_replies(reply: str, error: str) -> None:
     parsed = parse_score_reply(reply)
     assert not parsed.ok and parsed.score is None and error in parsed.error
+
+
+def test_a_score_only_reply_is_read_as_a_score_with_no_rationale() -> None:
+    reading = ScoreReply().read('{"Score": 9}')
+    assert reading.ok and reading.score == 9.0 and reading.reasoning is None
+    # The integer 1-10 check stays: the authors' int() would take these, we do not.
+    for reply in ('{"Score": "9"}', '{"Score": 9.5}', '{"Score": 12}', '{"Score": 0}'):
+        assert not ScoreReply().read(reply).ok, reply
 
 
 def test_schema_keeps_the_score_an_integer_from_1_to_10() -> None:

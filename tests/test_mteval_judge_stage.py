@@ -246,6 +246,22 @@ def test_one_to_ten_judge_retries_records_unparsed_resumes_and_counts_once(tmp_p
     assert (section["judge_prompts"], section["rules"]) == ("official", "official")
 
 
+def test_score_only_replies_are_scores_and_the_sent_prompt_quotes_documents_jsonl(tmp_path, mteval_data_dir):
+    """Expansion dialogue 4 of expansion_single quotes article 4, whose copy in the dialogue differs from
+    documents.jsonl; the judge answers with the score alone, as the authors' parser allows."""
+    pytest.importorskip("openai")
+    run = make_mteval_run(tmp_path / "ex", mteval_data_dir / "expansion_single.jsonl", [24], marked())
+    with OpenAIStub(lambda body, n: Reply(text='{"Score": 9}')) as stub:
+        summary = judge_run(run, _settings(run), lambda: _engine(stub.base_url), show_progress=False)
+        (prompt,) = [body["messages"][-1]["content"] for body in stub.requests]
+    (record,) = run.judgments.read().values()
+    assert summary.judged == 1 and record.parse_status == "ok" and record.score == 9.0 and record.reasoning is None
+    article = load_official_prompts()["expansion"].documents[3]
+    assert article in prompt and "it’s straight out of a science fiction novel" in prompt
+    section = run.read_manifest()["stages"]["judge"]
+    assert section["documents"]["name"] == "official:documents.jsonl" and len(section["documents"]["sha256"]) == 64
+
+
 def test_cli_judges_and_refuses_a_second_judge(tmp_path, mteval_data_dir, capsys, monkeypatch):
     pytest.importorskip("openai")
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)

@@ -3,8 +3,9 @@
 The reference is ``../shared/mteval/official``: ``calculate_score.evaluate_recollection_global_inst``
 and ``evaluate_recollection_cls`` run on inference files we write with our own replies, so their
 whole path (argument filtering, the instruction classes of ``utils/global_inst.py``, the cls
-preprocessing) decides. NLTK's ``sent_tokenize`` there loads the Punkt model we ship through NLTK's
-own ``punkt_tab`` loader; langdetect's shared factory is seeded as ours is.
+preprocessing) decides. NLTK's ``sent_tokenize`` there loads NLTK's English Punkt model (written
+from the package we ship, after its tables are checked against the digests of NLTK's own files)
+through NLTK's own ``punkt_tab`` loader; langdetect's shared factory is seeded as ours is.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mteval_official import official_modules, punkt_tab_folder, scratch_official, stub_modules
+from mteval_official import (
+    NLTK_ENGLISH_PUNKT_SHA256,
+    official_modules,
+    punkt_tab_folder,
+    punkt_tab_tables,
+    scratch_official,
+    stub_modules,
+)
 
 from sysbench_gpu.benchmarks.mteval.rules import INSTRUCTION_NAMES, check_instruction, score_cls
 
@@ -36,6 +44,10 @@ POOL = [
     "all lower here. no caps at all",
     '```json\n{"a": [1, 2]}\n```',
     '```JSON\n{"answer": "yes"}```',
+    '```Json```JSON{"chained": "fences"}```',
+    '```json```{"b": 2}```',
+    '```json\n```\n{"c": 3}\n```',
+    '``````{"d": 4}``````',
     "{'single': 'quotes'}",
     "* one\n* two\n- three",
     "* alone",
@@ -136,13 +148,23 @@ def _write(path: Path, dialogues: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in dialogues), "utf-8")
 
 
-def test_the_reference_uses_the_shipped_punkt_model(official: Any) -> None:
+def test_the_shipped_punkt_model_is_nltks_english_model() -> None:
+    """Its four tables hash as NLTK's own punkt_tab/english files do (pinned from NLTK's data, see mteval_official)."""
+    import hashlib
+
+    tables = punkt_tab_tables()
+    assert {name: hashlib.sha256(text.encode("utf-8")).hexdigest() for name, text in tables.items()} == (
+        NLTK_ENGLISH_PUNKT_SHA256
+    )
+
+
+def test_the_reference_splits_with_nltks_loader(official: Any) -> None:
     import nltk
 
     text = "Mr. Brown went to Washington D.C. on Jan. 5. He met the U.S. president at 3 p.m. It rained."
     from sysbench_gpu.benchmarks.mteval.sentences import punkt_sentences
 
-    assert nltk.tokenize.sent_tokenize(text) == punkt_sentences(text)
+    assert nltk.tokenize.sent_tokenize(text) == punkt_sentences(text) and len(punkt_sentences(text)) == 3
 
 
 def test_global_inst_verdicts_match_the_official_code(official: Any, mteval_data_dir: Path) -> None:

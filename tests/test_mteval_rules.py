@@ -127,6 +127,22 @@ def test_instruction_edge_cases() -> None:
     assert check_instruction("format:json_format", {}, "__import__('os')") is False  # never evaluated
 
 
+@pytest.mark.parametrize("rules", ["official", "lenient"])
+def test_json_format_strips_a_chain_of_opening_fences(rules: str) -> None:
+    """As the authors' check: each opening spelling is removed in turn, then one closing fence."""
+    chained = [
+        '```Json```JSON{"a": 1}```',
+        '```json```{"a": 1}```',
+        '```json```JSON```{"a": 1}```',
+        '  ```{"a": 1}```  ',
+    ]
+    for reply in chained:
+        assert check_instruction("format:json_format", {}, reply, rules) is True, reply
+    # The chain runs in the authors' order once: a spelling met after a later one stays, and so fails.
+    for reply in ['```JSON```json{"a": 1}```', '```json\n```json\n{"a": 1}```', '{"a": 1}``````']:
+        assert check_instruction("format:json_format", {}, reply, rules) is False, reply
+
+
 def test_language_detection_is_deterministic() -> None:
     text = "Ово је кратак текст на српском или бугарском језику, тешко је рећи."
     assert len({detect_language(text) for _ in range(5)}) == 1

@@ -74,6 +74,7 @@ class GenerationPreset:
     temperature: float | None = None  # 0: greedy
     max_tokens: int | None = None
     system_message: str | None = None
+    repetition_penalty: float | None = None  # 1.0: none, whatever the model's generation config says
 
 
 class Benchmark:

@@ -11,6 +11,11 @@ the command's :class:`~sysbench_gpu.core.redact.Secrets`, together with any cred
 in ``base_url``. Error texts and replies are scrubbed with them, in case a server echoes
 the key, and the hits are counted under ``redactions`` in ``describe()`` (the manifest).
 The model name and every other setting are recorded as given.
+
+``repetition_penalty`` is not a field of OpenAI's API, which refuses it and applies no such
+penalty; vLLM's server and most others take it. So it is sent unless the endpoint is OpenAI's
+own (``api.openai.com``), where 1.0 (no penalty) is what the API does anyway and another value
+is refused in one line. ``describe()`` records whether the server takes it and what was sent.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any
+from urllib.parse import urlparse
 
 from sysbench_gpu.core.chat import ChatMessage
 from sysbench_gpu.core.errors import SysbenchError
@@ -43,6 +49,16 @@ log = logging.getLogger(__name__)
 PLACEHOLDER_KEY = "EMPTY"
 # Status codes worth another try: timeout, conflict/lock, too early, rate limit; 5xx below.
 RETRY_STATUS = frozenset({408, 409, 425, 429})
+# The endpoint the client library talks to when no base URL is given.
+OPENAI_API_URL = "https://api.openai.com/v1"
+# OpenAI's own API: no repetition_penalty field (see the module doc).
+NO_REPETITION_PENALTY_HOSTS = frozenset({"api.openai.com"})
+
+
+def server_takes_repetition_penalty(base_url: str | None) -> bool:
+    """Whether the endpoint at ``base_url`` (None: OpenAI's API) takes a ``repetition_penalty`` field."""
+    host = (urlparse(base_url or OPENAI_API_URL).hostname or "").lower()
+    return host not in NO_REPETITION_PENALTY_HOSTS
 
 
 class OpenAIEngine:
@@ -89,6 +105,8 @@ class OpenAIEngine:
         self._rng = random.Random(rng_seed)
         self._rng_lock = threading.Lock()
         self._seed_accepted: bool | None = None  # unknown until a seeded request comes back
+        self.takes_repetition_penalty = server_takes_repetition_penalty(self.base_url)
+        self._repetition_penalty_sent: float | None = None  # as the last request carried it
 
         api_key = os.environ.get(api_key_env) if api_key_env else None
         self.secrets = (secrets or Secrets()).adding(api_key).adding_url(self.base_url)
@@ -209,8 +227,10 @@ class OpenAIEngine:
             "retries": self.retries.snapshot(),
             "redactions": self.redactions.snapshot(),  # secrets replaced in replies and error texts
             "seed_accepted": self._seed_accepted,
+            "takes_repetition_penalty": self.takes_repetition_penalty,
+            "repetition_penalty_sent": self._repetition_penalty_sent,
             "context_length": self._context_length,
-            "extra_body": redact_settings(self.extra_body),
+            "extra_body": redact_settings(self.extra_body, self.secrets),
             "openai_version": getattr(self._openai, "__version__", None),
         }
 
@@ -236,8 +256,17 @@ class OpenAIEngine:
             extra_body["ignore_eos"] = True  # vLLM's server field; other servers: --extra-body
         if sampling.top_k is not None:
             extra_body["top_k"] = sampling.top_k
-        if sampling.repetition_penalty is not None:
-            extra_body["repetition_penalty"] = sampling.repetition_penalty
+        penalty = sampling.repetition_penalty
+        if penalty is not None and self.takes_repetition_penalty:
+            extra_body["repetition_penalty"] = penalty
+        elif penalty is not None and penalty != 1.0:
+            host = urlparse(self.base_url or OPENAI_API_URL).hostname
+            raise SysbenchError(
+                f"openai engine: {host} takes no repetition_penalty (OpenAI's API applies none); "
+                f"drop --repetition-penalty {penalty:g}, or point --base-url at a server that takes it (vLLM's)"
+            )
+        # 1.0 to OpenAI's API is left out: no penalty is what it applies.
+        self._repetition_penalty_sent = extra_body.get("repetition_penalty")
         if extra_body:
             kwargs["extra_body"] = extra_body
         if sampling.json_schema is not None:
@@ -273,7 +302,7 @@ class OpenAIEngine:
             extra["retry_reasons"] = list(reasons)
         served_model = getattr(response, "model", None)
         if served_model and served_model != self.model:
-            extra["served_model"] = served_model
+            extra["served_model"] = self.secrets.scrub_value(served_model, self.redactions, "served_model")
         text, hits = self.secrets.scrub_reply(text)
         self.redactions.add("replies", hits)
         return Completion(

@@ -23,7 +23,7 @@ from sysbench_gpu.benchmarks.mteval import (
 )
 from sysbench_gpu.benchmarks.mteval.download import download_mteval
 from sysbench_gpu.benchmarks.mteval.judge_prompt import load_score_template
-from sysbench_gpu.benchmarks.mteval.official_prompts import OFFICIAL_COMMIT, load_official_prompts
+from sysbench_gpu.benchmarks.mteval.official_prompts import DOCUMENTS_FILE, OFFICIAL_COMMIT, load_official_prompts
 from sysbench_gpu.benchmarks.mteval.report import report_mteval
 from sysbench_gpu.benchmarks.mteval.sentences import RULE_SETS
 from sysbench_gpu.benchmarks.mteval.tasks import BENCHMARK, HF_CONFIGS, HF_DATASET, SCORERS
@@ -222,6 +222,12 @@ class MTEval(Benchmark):
             "rules": plan.options.get("rules"),
             "judge_prompts": plan.options.get("judge_prompts"),
             **({"prompts_commit": OFFICIAL_COMMIT} if plan.options.get("judge_prompts") == "official" else {}),
+            # The articles the official prompts quote in {content}: part of the instrument too.
+            **(
+                {"documents": {"name": f"official:{DOCUMENTS_FILE.filename}", "sha256": DOCUMENTS_FILE.sha256}}
+                if any(settings.score_templates[kind].documents for kind in kinds)
+                else {}
+            ),
         }
 
     def judge_agreement(self, run_a: Path, run_b: Path) -> dict[str, Any]:

@@ -9,9 +9,10 @@ reference reply (as upstream does), the user's message, and the reply. The wordi
 templates are files under ``templates/`` rendered with the SysBench judge's safe substitution
 (``benchmarks.judge_text``).
 
-A reply is valid only when it holds a JSON object with a string ``rationale`` and an integer
-``score`` from 1 to 10 (keys in any case). Anything else is invalid, to be retried and finally
-recorded as unparsed. Nothing is evaluated: ``json.loads``, and the SysBench parser's small
+A reply is valid when it holds a JSON object with an integer ``score`` from 1 to 10 (keys in
+any case); a string ``rationale`` beside it is kept when there is one, and a reply that holds
+only the score is valid too, as the authors' parser takes it. Anything else is invalid, to be
+retried and finally recorded as unparsed. Nothing is evaluated: ``json.loads``, and the SysBench parser's small
 token-level ``repair`` (single quotes, bare keys, trailing commas; ``benchmarks.judge_text``) when that fails.
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -68,9 +69,11 @@ MAX_CANDIDATES = 50
 @dataclass(frozen=True)
 class ScoreTemplate:
     name: str  # the kind of a built-in template, or the file path
-    kind: str  # refinement | expansion | follow-up
+    kind: str  # refinement | expansion | follow-up (official: refinement_single | refinement_multi | ...)
     text: str
     sha256: str
+    # Official prompts with {content}: the articles of the authors' documents.jsonl, in file order.
+    documents: tuple[str, ...] = field(default=(), repr=False)
 
 
 def judge_kind(session: Session) -> str:
@@ -269,16 +272,16 @@ def _read_score(obj: Mapping[str, Any]) -> ScoreParse:
     scores = by_name.get(SCORE_KEY, [])
     if len(scores) != 1:
         return ScoreParse(ok=False, error="no 'score' key" if not scores else "'score' appears in two spellings")
+    # The rationale is kept where it is one string; the authors read the score alone.
     rationales = [v for name in _RATIONALE_ALIASES for v in by_name.get(name, [])]
-    if len(rationales) != 1 or not isinstance(rationales[0], str):
-        return ScoreParse(ok=False, error="no single string 'rationale'")
+    rationale = rationales[0] if len(rationales) == 1 and isinstance(rationales[0], str) else None
     score = scores[0]
     if isinstance(score, bool) or not isinstance(score, int):
         shown = json.dumps(score, ensure_ascii=False)[:40]
         return ScoreParse(ok=False, error=f"score {shown} is not an integer")
     if not MIN_SCORE <= score <= MAX_SCORE:
         return ScoreParse(ok=False, error=f"score {score} is outside {MIN_SCORE}..{MAX_SCORE}")
-    return ScoreParse(ok=True, score=score, rationale=rationales[0])
+    return ScoreParse(ok=True, score=score, rationale=rationale)
 
 
 def score_schema(max_rationale_chars: int | None = 2000) -> dict[str, Any]:

@@ -159,10 +159,9 @@ def _in_language(response: str, args: Mapping[str, Any]) -> bool:
 
 def _is_json(response: str, args: Mapping[str, Any]) -> bool:
     body = response.strip()
+    # A chain, as the authors strip: each opening spelling in turn, so "```json```{...}```" is JSON too.
     for fence in _JSON_FENCES:
-        if body.startswith(fence):
-            body = body[len(fence) :]
-            break
+        body = body.removeprefix(fence)
     body = body.removesuffix("```").strip()
     try:
         json.loads(body)
