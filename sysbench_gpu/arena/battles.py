@@ -4,7 +4,10 @@ A battle is two runs' replies to one turn of one session. Its record names the t
 resolved path with ``a`` before ``b`` in sort order, so a pair is the same pair whatever
 order the runs are given in, and a rerun (or a run added later) finds what was played.
 ``order`` is which reply the judge saw first (``ab``: a's reply as "A"); ``winner`` is
-always a run (``a``, ``b`` or ``tie``), never a position.
+always a run (``a``, ``b`` or ``tie``), never a position. ``fingerprint_a`` and
+``fingerprint_b`` digest what the battle depended on in each run (``arena.fingerprint``).
+Records taken out of ``battles.jsonl`` (to be played again) are kept in
+``battles.replaced.jsonl``.
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from sysbench_gpu.arena.fingerprint import of_verdicts
 from sysbench_gpu.arena.runs import ArenaRun
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.jsonl import append_lines, complete_lines
+from sysbench_gpu.core.rundir import write_bytes_atomic
 
 BATTLES = "battles.jsonl"
+REPLACED = "battles.replaced.jsonl"
 WINNERS = ("a", "b", "tie")
 ORDERS = ("ab", "ba")
 
@@ -46,6 +52,8 @@ class BattleRecord:
     template_sha256: str | None = None
     raw_reply: str | None = None
     attempts: int = 0
+    fingerprint_a: str | None = None  # what the battle depended on in run a (None: stored before fingerprints)
+    fingerprint_b: str | None = None
 
     @property
     def key(self) -> BattleKey:
@@ -114,6 +122,23 @@ class BattleStore:
         ]
         return append_lines(self.path, lines) if lines else 0
 
+    def set_aside(self, keys: set[BattleKey]) -> int:
+        """Move these battles to ``battles.replaced.jsonl``: appended there first, then this file replaced
+        atomically, so a crash in between loses nothing (at worst a record is in both files)."""
+        if not keys or not self.path.is_file():
+            return 0
+        kept: list[bytes] = []
+        moved: list[bytes] = []
+        for _, line in complete_lines(self.path.read_bytes()):
+            obj = json.loads(line)  # validated by the caller's read()
+            key = (obj.get("a"), obj.get("b"), obj.get("system_id"), obj.get("turn"), obj.get("order"))
+            (moved if key in keys else kept).append(line + b"\n")
+        if not moved:
+            return 0
+        append_lines(self.path.parent / REPLACED, moved)
+        write_bytes_atomic(self.path, b"".join(kept))
+        return len(moved)
+
 
 def pairs(runs: Sequence[ArenaRun], baseline: ArenaRun | None) -> list[tuple[ArenaRun, ArenaRun]]:
     """The pairs to play, each as (a, b) in path order: every pair, or every run against the baseline."""
@@ -159,6 +184,8 @@ def verdict_battles(a: ArenaRun, b: ArenaRun, done: set[BattleKey]) -> list[Batt
                 reason=f"points (satisfied constraints or score): {a.name} {points_a:g}, {b.name} {points_b:g}",
                 len_a=len(a.reply((system_id, turn)) or ""),
                 len_b=len(b.reply((system_id, turn)) or ""),
+                fingerprint_a=of_verdicts(a, system_id, turn),
+                fingerprint_b=of_verdicts(b, system_id, turn),
             )
         )
     return records

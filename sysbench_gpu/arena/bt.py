@@ -141,16 +141,25 @@ def fit_rows(rows: Rows, weights: np.ndarray, n_players: int, anchor: int | None
         model.fit(design[used], labels[used], sample_weight=sample[used])  # type: ignore[attr-defined]
     coef = np.asarray(model.coef_).reshape(-1)  # type: ignore[attr-defined]
     strengths = coef[:n_players] * ELO_SCALE
+    present = np.zeros(n_players, dtype=bool)
+    present[a] = present[b] = True
     return Fit(
-        ratings=anchored(strengths, anchor),
+        ratings=anchored(strengths, anchor, present),
         coefficient=float(coef[n_players] * ELO_SCALE) if x is not None else None,
     )
 
 
-def anchored(strengths: np.ndarray, anchor: int | None) -> np.ndarray:
-    """Shift so that player ``anchor`` (the baseline) or, with None, the mean sits at 1000."""
-    base = strengths[anchor] if anchor is not None else float(np.mean(strengths))
-    return strengths - base + ANCHOR
+def anchored(strengths: np.ndarray, anchor: int | None, present: np.ndarray | None = None) -> np.ndarray:
+    """Shift so that player ``anchor`` (the baseline) or, with None, the mean of the players present sits at 1000.
+
+    A player with no battle (``present`` False) has no rating: NaN, and it is left out of the mean, where its
+    untouched coefficient of 0 would otherwise pull every rating (and sit at 1000 with an interval of no width).
+    """
+    present = np.ones(len(strengths), dtype=bool) if present is None else present
+    if not present.any() or (anchor is not None and not present[anchor]):
+        return np.full(len(strengths), np.nan)
+    base = strengths[anchor] if anchor is not None else float(np.mean(strengths[present]))
+    return np.where(present, strengths - base + ANCHOR, np.nan)
 
 
 @dataclass(frozen=True)
@@ -159,6 +168,8 @@ class Ratings:
     ci: list[list[float] | None]
     coefficient: float | None
     coefficient_ci: list[float] | None
+    failed: int = 0  # resamples with no finite fit (one side won every battle drawn): left out of every CI
+    ci_resamples: list[int] | None = None  # per player, the resamples whose fit rated it: its CI's sample
 
 
 def fit_with_ci(
@@ -182,9 +193,12 @@ def fit_with_ci(
                 draws[index] = fit.ratings
                 if fit.coefficient is not None:
                     coefficients[index] = fit.coefficient
+    # percentile_ci keeps finite draws only: count what it leaves out, so a reader sees how many are missing.
+    failed = int(np.sum(~np.isfinite(draws).any(axis=1))) if resamples > 0 and battles.n_sessions > 0 else 0
     ci = [percentile_ci(draws[:, player]) for player in range(battles.n_players)]
     coefficient_ci = percentile_ci(coefficients) if point.coefficient is not None else None
-    return Ratings(point.ratings, ci, point.coefficient, coefficient_ci)
+    counts = [int(np.isfinite(draws[:, player]).sum()) for player in range(battles.n_players)]
+    return Ratings(point.ratings, ci, point.coefficient, coefficient_ci, failed, counts)
 
 
 def fit_mm(battles: Battles, anchor: int | None = None, tol: float = 1e-12, max_iter: int = 100_000) -> np.ndarray:
@@ -206,7 +220,7 @@ def fit_mm(battles: Battles, anchor: int | None = None, tol: float = 1e-12, max_
         p = new
         if done:
             break
-    return anchored(np.log(p) * ELO_SCALE, anchor)
+    return anchored(np.log(p) * ELO_SCALE, anchor, games.sum(axis=1) > 0)
 
 
 def unbounded(battles: Battles) -> list[int]:

@@ -56,6 +56,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     judge.add_argument("--cache-dir", help=f"reply cache folder (default ARENA_DIR/{CACHE_DIRNAME})")
     judge.add_argument("--no-cache", action="store_true", help="bypass the reply cache")
     judge.add_argument("--dry-run", action="store_true", help="print questions, tokens and cost; send nothing")
+    judge.add_argument(
+        "--retry-unparsed",
+        action="store_true",
+        help="ask again the battles whose judge answer never parsed (old records move to battles.replaced.jsonl)",
+    )
+    judge.add_argument(
+        "--replay-changed",
+        action="store_true",
+        help="ask again the battles whose runs' replies changed since they were judged (else they are refused)",
+    )
     parser.set_defaults(func=main)
 
 
@@ -73,6 +83,10 @@ def main(args: argparse.Namespace) -> int:
         raise SysbenchError("--by judge needs --judge {openai,vllm,hf} and --judge-model NAME")
     if args.by == "verdicts" and (args.judge or args.judge_model or args.template or args.dry_run):
         raise SysbenchError("--judge, --judge-model, --template and --dry-run apply to --by judge")
+    if args.by == "verdicts" and (args.retry_unparsed or args.replay_changed):
+        raise SysbenchError(
+            "--retry-unparsed and --replay-changed apply to --by judge (verdict battles are replayed by themselves)"
+        )
     if args.max_retries < 1 or args.concurrency < 1:
         raise SysbenchError("--max-retries and --concurrency must be at least 1")
     out = Path(args.out)
@@ -104,6 +118,8 @@ def main(args: argparse.Namespace) -> int:
         show_progress=not args.no_progress,
         judge=settings,
         template=template,
+        retry_unparsed=args.retry_unparsed,
+        replay_changed=args.replay_changed,
     )
     if args.dry_run:
         report = plan_dry_run(request)
@@ -113,6 +129,11 @@ def main(args: argparse.Namespace) -> int:
             cost = report["estimated_cost_usd"]
             print(f"dry run: arena {out} with {report['judge']} {report['judge_model']}")
             print(f"  questions           {report['questions']} ({report['answered_from_cache']} from cache)")
+            if report["retried_unparsed"] or report["replayed_changed"]:
+                print(
+                    f"  asked again         {report['retried_unparsed']} unparsed, "
+                    f"{report['replayed_changed']} whose runs changed"
+                )
             print(f"  requests            {report['requests']}  ({report['note']})")
             print(f"  est. prompt tokens  {report['estimated_prompt_tokens']}")
             print(f"  est. output tokens  {report['estimated_completion_tokens']}")
@@ -126,14 +147,31 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(result, ensure_ascii=False, indent=2))
         return 0
     print(f"{out}: {outcome['played']} battle record(s) added; {result['fit']['battles']} battles rated")
+    if outcome["replayed"]:
+        print(f"  {outcome['replayed']} stored battle(s) played again: their runs changed since they were stored")
+    if outcome["retried"]:
+        print(f"  {outcome['retried']} unparsed battle record(s) asked again")
     for rank, row in enumerate(result["ratings"], 1):
         low, high = row["ci"] or (None, None)
         ci = f"[{low:.0f}, {high:.0f}]" if low is not None and high is not None else "-"
         lc = f"  LC {row['rating_length_controlled']:.0f}" if row.get("rating_length_controlled") is not None else ""
-        rating = "-" if row["rating"] is None else f"{row['rating']:.1f}"
-        print(f"  {rank:2d}. {row['model']:<28} {rating:>7}  {ci:<14} battles {row['battles']}{lc}")
+        rating = "unrated" if row["rating"] is None else f"{row['rating']:.1f}"
+        why = f"  ({row['unrated']})" if row.get("unrated") else ""
+        label = row.get("label", row["model"])
+        print(f"  {rank:2d}. {label:<28} {rating:>7}  {ci:<14} battles {row['battles']}{lc}{why}")
     if result["fit"].get("warning"):
         print(f"  warning: {result['fit']['warning']}")
+    failed = result["fit"].get("resamples_failed", 0)
+    if failed:
+        print(
+            f"  note: {failed} of {result['fit']['resamples']} resamples had no finite fit (one side won every "
+            "battle drawn) and are left out of the CIs"
+        )
+    if outcome["unparsed"]:
+        print(
+            f"  {outcome['unparsed']} judged battle record(s) never parsed and are not rated; "
+            "rerun with --retry-unparsed to ask the judge again"
+        )
     consistency = result.get("position_consistency")
     if consistency and consistency["rate"] is not None:
         print(

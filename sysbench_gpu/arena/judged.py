@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from sysbench_gpu.arena.battles import BattleKey, BattleRecord, BattleStore, battle_turns
-from sysbench_gpu.arena.prompt import SCORE_OF, ArenaReply, ArenaTemplate, render, transcript
+from sysbench_gpu.arena.fingerprint import conversation, of_judged
+from sysbench_gpu.arena.prompt import SCORE_OF, ArenaReply, ArenaTemplate, render
 from sysbench_gpu.arena.runs import ArenaRun
 from sysbench_gpu.benchmarks.judge_tasks import JudgeTask
 from sysbench_gpu.core.errors import SysbenchError
@@ -73,18 +74,11 @@ def questions(pairs: Sequence[tuple[ArenaRun, ArenaRun]], done: set[BattleKey]) 
     return pending
 
 
-def _conversation(run: ArenaRun, system_id: int, turn: int) -> str:
-    session = next(s for s in run.sessions if s.system_id == system_id)
-    earlier = {t: reply for t in range(1, turn) if (reply := run.reply((system_id, t))) is not None}
-    messages = run.benchmark.messages(session, turn, run.history((system_id, turn)), earlier)
-    return transcript(messages, run.reply((system_id, turn)) or "")
-
-
 def tasks_for(pending: Sequence[Question], template: ArenaTemplate) -> list[ArenaTask]:
     tasks = []
     for index, q in enumerate(pending):
-        session = next(s for s in q.a.sessions if s.system_id == q.system_id)
-        first, second = _conversation(q.a, q.system_id, q.turn), _conversation(q.b, q.system_id, q.turn)
+        session = q.a.session(q.system_id)
+        first, second = conversation(q.a, q.system_id, q.turn), conversation(q.b, q.system_id, q.turn)
         if q.order == "ba":
             first, second = second, first
         tasks.append(
@@ -130,6 +124,8 @@ def battle_of(question: Question, record: JudgmentRecord) -> BattleRecord:
         template_sha256=record.template_hash,
         raw_reply=record.raw_reply,
         attempts=record.attempts,
+        fingerprint_a=of_judged(question.a, question.system_id, question.turn),
+        fingerprint_b=of_judged(question.b, question.system_id, question.turn),
     )
 
 

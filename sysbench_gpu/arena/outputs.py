@@ -32,11 +32,16 @@ def _columns(result: Mapping[str, Any]) -> list[str]:
     return columns
 
 
+def _label(row: Mapping[str, Any]) -> str:
+    """The model, with the run beside it where two runs share a model (``label``; older ratings.json lack it)."""
+    return str(row.get("label", row["model"]))
+
+
 def _cells(rank: int, row: Mapping[str, Any], lc: bool) -> list[str]:
     cells = [
         str(rank),
-        str(row["model"]),
-        _num(row["rating"]),
+        _label(row),
+        "unrated" if row["rating"] is None else _num(row["rating"]),
         _ci(row["ci"]),
         str(row["battles"]),
         f"{row['wins']} / {row['ties']} / {row['losses']}",
@@ -45,6 +50,28 @@ def _cells(rank: int, row: Mapping[str, Any], lc: bool) -> list[str]:
     if lc:
         cells += [_num(row.get("rating_length_controlled")), _ci(row.get("ci_length_controlled"))]
     return cells
+
+
+def _notes(result: Mapping[str, Any]) -> list[str]:
+    """What the table leaves out: unrated runs and why, resamples without a fit, battles the judge never answered."""
+    notes = [f"Unrated: {_label(row)}: {row['unrated']}." for row in result["ratings"] if row.get("unrated")]
+    fit = result["fit"]
+    failed = fit.get("resamples_failed", 0)
+    lc_failed = result.get("length_control", {}).get("resamples_failed", 0)
+    if failed or lc_failed:
+        notes.append(
+            f"{failed} of {fit['resamples']} resamples (LC: {lc_failed}) had no finite fit (one side won every battle "
+            "drawn) and are left out of the CIs."
+            if "length_control" in result
+            else f"{failed} of {fit['resamples']} resamples had no finite fit (one side won every battle drawn) and "
+            "are left out of the CIs."
+        )
+    if result.get("unparsed_battle_records"):
+        notes.append(
+            f"{result['unparsed_battle_records']} judged battle records never parsed and are not rated "
+            "(--retry-unparsed asks the judge again)."
+        )
+    return notes
 
 
 def leaderboard_markdown(result: Mapping[str, Any], title: str) -> str:
@@ -78,6 +105,7 @@ def leaderboard_markdown(result: Mapping[str, Any], title: str) -> str:
             f"Judge position consistency: {_num(None if rate is None else 100 * rate, '.1f')}% of "
             f"{consistency['battles_parsed_in_both_orders']} battles asked in both orders; disagreements count as ties."
         )
+    lines += [escape_markdown(note) for note in _notes(result)]
     return "\n".join(lines) + "\n"
 
 
@@ -96,7 +124,9 @@ def leaderboard_latex(result: Mapping[str, Any], title: str) -> str:
     ]
     for rank, row in enumerate(result["ratings"], 1):
         lines.append(" & ".join(escape_latex(cell) for cell in _cells(rank, row, lc)) + " \\\\")
-    lines += ["\\hline", "\\end{tabular}", "\\end{table}"]
+    lines += ["\\hline", "\\end{tabular}"]
+    lines += [escape_latex(note) + " \\par" for note in _notes(result)]
+    lines += ["\\end{table}"]
     return "\n".join(lines) + "\n"
 
 
@@ -125,7 +155,7 @@ def write_figures(out: Path, result: Mapping[str, Any], formats: Sequence[str]) 
             ax.errorbar(
                 row["rating"], y, xerr=[[row["rating"] - low], [high - row["rating"]]], fmt="o", color="tab:blue"
             )
-        ax.set_yticks(range(len(rows)), [str(row["model"]) for row in rows])
+        ax.set_yticks(range(len(rows)), [_label(row) for row in rows])
         ax.axvline(result["fit"]["anchor"], color="grey", linewidth=0.8, linestyle=":")
         ax.set_xlabel("Bradley-Terry rating (Elo scale), 95% CI")
         fig.tight_layout()

@@ -19,7 +19,7 @@ from sysbench_gpu.arena.bt import (
     unbounded,
     win_rates,
 )
-from sysbench_gpu.arena.runs import ArenaRun
+from sysbench_gpu.arena.runs import ArenaRun, run_labels
 
 SCORE = {"a": 1.0, "b": 0.0, "tie": 0.5}
 
@@ -56,13 +56,16 @@ class Consistency:
         }
 
 
-def outcomes(records: Mapping[BattleKey, BattleRecord], keys: set[str]) -> tuple[list[Outcome], Consistency | None]:
-    """One outcome per battle among ``keys`` runs; judged battles need both orders (disagreeing ones are ties)."""
+def outcomes(
+    records: Mapping[BattleKey, BattleRecord], pairs: set[tuple[str, str]]
+) -> tuple[list[Outcome], Consistency | None]:
+    """One outcome per battle of the ``pairs`` (run keys, a < b) played in this call's mode; judged battles need
+    both orders (disagreeing ones are ties)."""
     consistency: Consistency | None = None
     result = []
     by_battle: dict[tuple[str, str, int, int], dict[str, BattleRecord]] = {}
     for record in records.values():
-        if record.a in keys and record.b in keys:
+        if (record.a, record.b) in pairs:
             by_battle.setdefault((record.a, record.b, record.system_id, record.turn), {})[record.order] = record
     for (a, b, system_id, turn), orders in sorted(by_battle.items(), key=lambda item: (item[0][2], item[0][3])):
         first = next(iter(orders.values()))
@@ -110,8 +113,13 @@ def rate(
     resamples: int,
     seed: int,
     length_control: bool,
+    unrated: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """ratings.json's content: the runs by rating, the fit's settings, the win-rate matrix and the checks."""
+    """ratings.json's content: the runs by rating, the fit's settings, the win-rate matrix and the checks.
+
+    A run without a battle is unrated: no rating, CI or online Elo, and ``unrated`` says why (``unrated``
+    maps a run's key to the reason; "no battles" where it has none).
+    """
     battles = battles_of(found, runs)
     anchor = runs.index(baseline) if baseline is not None else None
     fit = fit_with_ci(battles, anchor=anchor, resamples=resamples, seed=seed)
@@ -127,22 +135,30 @@ def rate(
         column = 0 if score == 1.0 else 1 if score == 0.5 else 2
         counts[a, column] += 1
         counts[b, 2 - column] += 1
+    labels = run_labels([(run.name, run.given) for run in runs])
     rows = []
     for i, run in enumerate(runs):
+        played = int(counts[i].sum())
         row: dict[str, Any] = {
             "run": run.given,
             "model": run.name,
-            "rating": _round(fit.ratings[i]),
-            "ci": [_round(v) for v in fit.ci[i]] if fit.ci[i] else None,
-            "battles": int(counts[i].sum()),
+            "label": labels[i],
+            "rating": _round(fit.ratings[i]) if played else None,
+            "ci": [_round(v) for v in fit.ci[i]] if fit.ci[i] and played else None,
+            "ci_resamples": fit.ci_resamples[i] if fit.ci_resamples is not None and played else None,
+            "battles": played,
             "wins": int(counts[i, 0]),
             "ties": int(counts[i, 1]),
             "losses": int(counts[i, 2]),
-            "online_elo": _round(elo[i]),
+            "online_elo": _round(elo[i]) if played else None,
         }
+        if not played:
+            row["unrated"] = (unrated or {}).get(run.key, "no battles")
+        elif row["rating"] is None:
+            row["unrated"] = "no finite maximum-likelihood rating (see fit.warning)"
         if lc is not None:
-            row["rating_length_controlled"] = _round(lc.ratings[i])
-            row["ci_length_controlled"] = [_round(v) for v in lc.ci[i]] if lc.ci[i] else None
+            row["rating_length_controlled"] = _round(lc.ratings[i]) if played else None
+            row["ci_length_controlled"] = [_round(v) for v in lc.ci[i]] if lc.ci[i] and played else None
         rows.append(row)
     order = sorted(range(len(runs)), key=lambda i: -np.nan_to_num(fit.ratings[i], nan=-np.inf))
     difference = np.abs(fit.ratings - mm)
@@ -157,6 +173,9 @@ def rate(
             "ties": "half a win each way",
             "ci": "95% percentile interval over session resamples (sessions, not battles)",
             "resamples": resamples,
+            "resamples_failed": fit.failed,
+            "resamples_failed_means": "resamples whose battles had no finite fit (one side won every battle drawn), "
+            "left out of every CI; ci_resamples per run counts the resamples its CI rests on",
             "seed": seed,
             "sessions": battles.n_sessions,
             "battles": int(len(battles.a)),
@@ -168,7 +187,7 @@ def rate(
         },
         "win_rates": {
             "runs": [run.given for run in runs],
-            "models": [run.name for run in runs],
+            "models": labels,
             "matrix": [[_round(v, 4) for v in row] for row in win_rates(battles).tolist()],
             "reads": "row run's share of its battles against the column run, ties counted half",
         },
@@ -185,5 +204,6 @@ def rate(
             "covariate": f"(len_a - len_b) / (len_a + len_b) of the replies in characters, rounded to {COVARIATE_STEP}",
             "coefficient_elo": _round(lc.coefficient, 2),
             "coefficient_ci": [_round(v, 2) for v in lc.coefficient_ci] if lc.coefficient_ci else None,
+            "resamples_failed": lc.failed,
         }
     return result

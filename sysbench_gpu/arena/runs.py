@@ -9,8 +9,10 @@ sessions.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,16 @@ class ArenaRun:
     def name(self) -> str:
         return self.model or self.label
 
+    @cached_property
+    def _sessions_by_id(self) -> dict[int, Session]:
+        return {session.system_id: session for session in self.sessions}
+
+    def session(self, system_id: int) -> Session:
+        return self._sessions_by_id[system_id]
+
+    def has_session(self, system_id: int) -> bool:
+        return system_id in self._sessions_by_id
+
     def reply(self, key: Key) -> str | None:
         record = self.generations.get(key)
         return record.response if record is not None and record.status == "ok" else None
@@ -52,6 +64,12 @@ class ArenaRun:
         if record is not None and record.history in modes:
             return record.history
         return "model" if "model" in modes else modes[0]
+
+
+def run_labels(runs: Sequence[tuple[str, str]]) -> list[str]:
+    """Each (model, run) as shown in a leaderboard: the model, and the run beside it where the model repeats."""
+    counts = Counter(model for model, _ in runs)
+    return [model if counts[model] == 1 else f"{model} ({run})" for model, run in runs]
 
 
 def load_arena_run(given: str) -> ArenaRun:

@@ -3,23 +3,27 @@
 One writer: ``ARENA_DIR/.arena.lock`` (``core.locks``) is held for the whole call, so a
 second arena on the same directory is refused in one line. Battles are appended as they
 are decided, so an interrupted arena resumes where it stopped, and adding a run plays only
-its new pairs. An arena keeps one way of deciding battles: a directory of verdict battles
-is not mixed with judged ones, nor one judge or template with another.
+its new pairs. An arena keeps one way of deciding battles and one mode: a directory of
+verdict battles is not mixed with judged ones, nor one judge or template with another, nor
+all-pairs battles with a baseline's (or one baseline with another). Stored battles whose
+runs changed since are played again or refused (``arena.replays``).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sysbench_gpu.arena.battles import BattleStore, pairs, verdict_battles
+from sysbench_gpu.arena.battles import BattleKey, BattleRecord, BattleStore, pairs, verdict_battles
 from sysbench_gpu.arena.judged import dry_run, judge_questions, questions
 from sysbench_gpu.arena.outputs import write_figures, write_tables
 from sysbench_gpu.arena.prompt import ArenaTemplate
 from sysbench_gpu.arena.ratings import outcomes, rate
+from sysbench_gpu.arena.replays import Changed, Pair, changed_battles, unparsed_battles
 from sysbench_gpu.arena.runs import ArenaRun, load_runs
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.locks import prepare_directory, stage_lock
@@ -43,6 +47,8 @@ class ArenaRequest:
     show_progress: bool = True
     judge: JudgeSettings | None = None
     template: ArenaTemplate | None = None
+    retry_unparsed: bool = False  # ask again the judged battles whose answer never parsed
+    replay_changed: bool = False  # ask again the judged battles whose runs' conversations changed since
 
     @property
     def mode(self) -> str:
@@ -80,6 +86,29 @@ def _check_same_arena(out: RunDir, request: ArenaRequest) -> None:
                 f"{str(section.get('template', {}).get('sha256'))[:12]}; this call asks {request.judge.model!r} "
                 f"with template {request.template.sha256[:12]}; use another --out"
             )
+    _check_same_mode(out, section, request)
+
+
+def _baseline_path(baseline: str | None) -> str | None:
+    return str(Path(baseline).resolve()) if baseline is not None else None
+
+
+def _check_same_mode(out: RunDir, section: Mapping[str, Any], request: ArenaRequest) -> None:
+    """Refuse a mode (or baseline) other than the one the stored battles were played in."""
+    store = BattleStore(out.path)
+    if "mode" not in section or not store.path.is_file() or store.path.stat().st_size == 0:
+        return  # nothing played yet: any mode may start here
+    mode, baseline = section.get("mode"), section.get("baseline")
+    stored_path = section.get("baseline_path") or _baseline_path(baseline)
+    if mode == request.mode and stored_path == _baseline_path(request.baseline):
+        return
+    had = f"against the baseline {baseline}" if mode == "baseline" else str(mode)
+    asks = f"against the baseline {request.baseline}" if request.baseline is not None else "all-pairs"
+    again = f"--baseline {baseline}" if mode == "baseline" else "no --baseline"
+    raise SysbenchError(
+        f"{out.manifest_path}: field mode: the battles in {request.out} were played {had}; this call asks {asks}; "
+        f"rerun with {again}, or use another --out"
+    )
 
 
 def _progress(total: int, desc: str, unit: str, shown: bool) -> Any:
@@ -95,14 +124,62 @@ def _load(request: ArenaRequest) -> tuple[list[ArenaRun], ArenaRun | None]:
     return runs, (runs[0] if request.baseline is not None else None)
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What is stored, the pairs of this call, and the stored battles to take out and play again."""
+
+    records: dict[BattleKey, BattleRecord]
+    chosen: list[Pair]
+    changed: Changed
+    retry: set[BattleKey]
+
+    @property
+    def to_replace(self) -> set[BattleKey]:
+        return self.changed.keys | self.retry
+
+
+def _plan(request: ArenaRequest, runs: Sequence[ArenaRun], baseline: ArenaRun | None) -> Plan:
+    """Checked before anything is written: a judged battle whose runs changed is refused without --replay-changed."""
+    if request.by != "judge" and (request.retry_unparsed or request.replay_changed):
+        raise SysbenchError(
+            "--retry-unparsed and --replay-changed apply to --by judge (verdict battles are replayed by themselves)"
+        )
+    records = BattleStore(request.out).read()
+    chosen = pairs(runs, baseline)
+    changed = changed_battles(records, chosen, request.by)
+    if changed.keys and request.by == "judge" and not request.replay_changed:
+        raise SysbenchError(changed.refusal(str(request.out)))
+    # An unparsed battle that is stale too is asked again as stale (its prompt is new, and so its cache key).
+    retry = unparsed_battles(records, chosen) - changed.keys if request.retry_unparsed else set()
+    return Plan(records, chosen, changed, retry)
+
+
+def _judge_settings(request: ArenaRequest, out: RunDir, plan: Plan) -> JudgeSettings | None:
+    """With battles to retry, a new retry round: new cache keys, so the replies that failed are not replayed."""
+    if request.judge is None or not plan.retry:
+        return request.judge
+    previous = out.stage_section(STAGE).get("retry_rounds", 0) if out.manifest_path.is_file() else 0
+    return replace(request.judge, retry_round=int(previous) + 1)
+
+
 def plan_dry_run(request: ArenaRequest) -> dict[str, Any]:
     """Judged battles: what would be sent, without a lock, an engine or a request."""
     if request.judge is None or request.template is None:
         raise SysbenchError("--dry-run estimates a judge's cost: pass --by judge --judge ... --judge-model ...")
     runs, baseline = _load(request)
-    done = set(BattleStore(request.out).read())
-    report = dry_run(questions(pairs(runs, baseline), done), request.template, request.judge)
-    return {"out": str(request.out), "judge": request.judge.backend, "judge_model": request.judge.model, **report}
+    plan = _plan(request, runs, baseline)
+    settings = _judge_settings(request, RunDir(request.out), plan)
+    assert settings is not None
+    done = set(plan.records) - plan.to_replace
+    report = dry_run(questions(plan.chosen, done), request.template, settings)
+    return {
+        "out": str(request.out),
+        "judge": settings.backend,
+        "judge_model": settings.model,
+        "retried_unparsed": len(plan.retry),
+        "replayed_changed": len(plan.changed.keys),
+        **report,
+    }
 
 
 def run_arena(request: ArenaRequest, engine_factory: Callable[[], Any] | None = None) -> dict[str, Any]:
@@ -117,10 +194,17 @@ def _run(request: ArenaRequest, engine_factory: Callable[[], Any] | None) -> dic
     _check_same_arena(out, request)
     started = utc_now()
     runs, baseline = _load(request)
+    plan = _plan(request, runs, baseline)
+    if request.by == "judge" and (request.judge is None or request.template is None or engine_factory is None):
+        raise SysbenchError("--by judge needs --judge {openai,vllm,hf} and --judge-model NAME")
+    settings = _judge_settings(request, out, plan)
     store = BattleStore(request.out)
-    records = store.read()
+    # The mode and the runs go in the manifest before any battle: an interrupted arena still says what it played.
+    out.update_manifest(stage=STAGE, status="running", **_manifest_fields(request, runs, started))
+    store.set_aside(plan.to_replace)
+    records = {key: record for key, record in plan.records.items() if key not in plan.to_replace}
     done = set(records)
-    chosen = pairs(runs, baseline)
+    chosen = plan.chosen
     played = 0
     judge_summary = None
     if request.by == "verdicts":
@@ -131,24 +215,30 @@ def _run(request: ArenaRequest, engine_factory: Callable[[], Any] | None) -> dic
                 records.update((record.key, record) for record in new)
                 bar.update(1)
     else:
-        if request.judge is None or request.template is None or engine_factory is None:
-            raise SysbenchError("--by judge needs --judge {openai,vllm,hf} and --judge-model NAME")
+        assert settings is not None and request.template is not None and engine_factory is not None
         pending = questions(chosen, done)
-        fields = _manifest_fields(request, runs, started)
-        out.update_manifest(stage=STAGE, status="running", **fields)
         judge_summary = judge_questions(
-            pending, request.template, request.judge, engine_factory, request.out, store, request.show_progress
+            pending, request.template, settings, engine_factory, request.out, store, request.show_progress
         )
         played = judge_summary.judged + judge_summary.unparsed
         records = store.read()
-    found, consistency = outcomes(records, {run.key for run in runs})
-    last_call = _last_call(judge_summary)
+        if plan.retry:
+            out.update_manifest(stage=STAGE, retry_rounds=settings.retry_round)
+    pair_keys = {(a.key, b.key) for a, b in chosen}
+    found, consistency = outcomes(records, pair_keys)
+    unparsed = len(unparsed_battles(records, chosen))
+    counts = {
+        "battles_played_this_call": played,
+        "battles_replayed_this_call": len(plan.changed.keys),
+        "battles_retried_this_call": len(plan.retry),
+        **_last_call(judge_summary),
+    }
     if not found:
-        unparsed = sum(1 for r in records.values() if r.status == "unparsed")
-        out.update_manifest(stage=STAGE, status="no outcomes", finished=utc_now(), **last_call)
+        out.update_manifest(stage=STAGE, status="no outcomes", finished=utc_now(), **counts)
+        retry = "; rerun with --retry-unparsed to ask the judge again" if unparsed else ""
         raise SysbenchError(
             f"{request.out}: no battle has an outcome yet ({len(records)} battle records, {unparsed} unparsed; "
-            "a judged battle needs both orders parsed, a verdict battle a turn judged in both runs)"
+            f"a judged battle needs both orders parsed, a verdict battle a turn judged in both runs){retry}"
         )
     result = rate(
         runs,
@@ -157,19 +247,59 @@ def _run(request: ArenaRequest, engine_factory: Callable[[], Any] | None) -> dic
         resamples=request.resamples,
         seed=request.seed,
         length_control=request.length_control,
+        unrated=_unrated_reasons(runs, records, pair_keys, request.by, baseline),
     )
     result["fit"]["mode"] = request.mode
     result["fit"]["by"] = request.by
     if consistency is not None:
         result["position_consistency"] = consistency.summary()
+    if request.by == "judge":
+        result["unparsed_battle_records"] = unparsed
     title = f"Arena of {len(runs)} {runs[0].benchmark.title or runs[0].benchmark.name} runs ({request.by})"
     paths = write_tables(request.out, result, title)
     if request.figures:
         paths += write_figures(request.out, result, request.formats)
     fields = _manifest_fields(request, runs, started)
-    fields.update(status="complete", finished=utc_now(), battles_played_this_call=played, **last_call)
+    fields.update(status="complete", finished=utc_now(), **counts)
     out.update_manifest(stage=STAGE, **fields)
-    return {"result": result, "played": played, "paths": [str(p) for p in paths], "out": str(request.out)}
+    return {
+        "result": result,
+        "played": played,
+        "replayed": len(plan.changed.keys),
+        "retried": len(plan.retry),
+        "unparsed": unparsed,
+        "paths": [str(p) for p in paths],
+        "out": str(request.out),
+    }
+
+
+def _unrated_reasons(
+    runs: Sequence[ArenaRun],
+    records: Mapping[BattleKey, BattleRecord],
+    pair_keys: set[tuple[str, str]],
+    by: str,
+    baseline: ArenaRun | None,
+) -> dict[str, str]:
+    """Why a run without a battle has none: nothing to play, or (judged) no battle parsed in both orders."""
+    stored: Counter[str] = Counter()
+    unparsed: Counter[str] = Counter()
+    for record in records.values():
+        if (record.a, record.b) in pair_keys:
+            for key in (record.a, record.b):
+                stored[key] += 1
+                unparsed[key] += int(record.status == "unparsed")
+    opponent = "the baseline" if baseline is not None else "any other run"
+    answered = "answered and judged" if by == "verdicts" else "answered"
+    reasons = {}
+    for run in runs:
+        if not stored[run.key]:
+            reasons[run.key] = f"no battles: no turn {answered} both in this run and in {opponent}"
+        else:
+            reasons[run.key] = (
+                f"no battles: none of its {stored[run.key]} judged battle records has both orders parsed "
+                f"({unparsed[run.key]} unparsed; --retry-unparsed asks the judge again)"
+            )
+    return reasons
 
 
 def _last_call(summary: JudgeSummary | None) -> dict[str, Any]:
@@ -187,6 +317,7 @@ def _manifest_fields(request: ArenaRequest, runs: Sequence[ArenaRun], started: s
         "by": request.by,
         "mode": request.mode,
         "baseline": request.baseline,
+        "baseline_path": _baseline_path(request.baseline),
         "seeds": {"bootstrap": request.seed, "judge": request.judge.seed if request.judge is not None else None},
         "resamples": request.resamples,
         "length_control": request.length_control,

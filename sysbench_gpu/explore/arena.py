@@ -21,6 +21,7 @@ from typing import Any
 
 from sysbench_gpu.arena.battles import BattleStore
 from sysbench_gpu.arena.outputs import RATINGS
+from sysbench_gpu.arena.runs import run_labels
 from sysbench_gpu.arena.stage import STAGE
 from sysbench_gpu.benchmarks.registry import load_run_sessions
 from sysbench_gpu.core.errors import SysbenchError
@@ -92,9 +93,13 @@ def build_arena_pages(arena_dir: str | Path, out: str | Path, progress: bool = T
         payload = keyed_assignment(SESSIONS_GLOBAL, str(system_id), detail)
         write_bytes_atomic(out / "data" / "arena" / f"s{system_id}.js", payload)
         total += len(payload)
+    labels = run_labels([(str(run.get("model")), str(run.get("run"))) for run in runs])  # as the leaderboard's
     index = {
         "title": f"Arena: {arena.name}",
-        "runs": [{"run": run.get("run"), "model": run.get("model")} for run in runs],
+        "runs": [
+            {"run": run.get("run"), "model": run.get("model"), "label": label}
+            for run, label in zip(runs, labels, strict=True)
+        ],
         "ratings": ratings.get("ratings", []),
         "fit": ratings.get("fit", {}),
         "consistency": ratings.get("position_consistency"),

@@ -14,7 +14,7 @@
     return node;
   }
   function showError(text) { var node = byId("error"); node.textContent = text; node.hidden = false; }
-  function model(i) { var run = INDEX.runs[i]; return run ? (run.model || run.run) : "run " + i; }
+  function model(i) { var run = INDEX.runs[i]; return run ? (run.label || run.model || run.run) : "run " + i; }
   function fmt(value) { return value === null || value === undefined ? "-" : Number(value).toFixed(0); }
 
   function ratings() {
@@ -27,8 +27,10 @@
     INDEX.ratings.forEach(function (row, rank) {
       var tr = el("tr");
       tr.appendChild(el("td", "num", rank + 1));
-      tr.appendChild(el("td", "", row.model));
-      tr.appendChild(el("td", "num", fmt(row.rating)));
+      tr.appendChild(el("td", "", row.label || row.model));
+      var rating = el("td", "num", row.rating === null ? "unrated" : fmt(row.rating));
+      if (row.unrated) rating.title = row.unrated;
+      tr.appendChild(rating);
       tr.appendChild(el("td", "num", row.ci ? "[" + fmt(row.ci[0]) + ", " + fmt(row.ci[1]) + "]" : "-"));
       tr.appendChild(el("td", "num", row.battles));
       tr.appendChild(el("td", "num", row.wins + " / " + row.ties + " / " + row.losses));
@@ -40,6 +42,12 @@
     if (INDEX.consistency && INDEX.consistency.rate !== null) {
       meta += "; judge position consistency " + (100 * INDEX.consistency.rate).toFixed(1) + "%";
     }
+    if (fit.resamples_failed) {
+      meta += "; " + fit.resamples_failed + " of " + fit.resamples + " resamples had no finite fit (left out of the CIs)";
+    }
+    INDEX.ratings.forEach(function (row) {
+      if (row.unrated) meta += "; unrated: " + (row.label || row.model) + " (" + row.unrated + ")";
+    });
     byId("meta").textContent = meta;
   }
 
