@@ -18,7 +18,9 @@ further pass per run, apart from the timed ones (``interleaved`` says why). Eage
 and skipped where one layer's heads x T x T scores and probabilities would exceed
 ``--eager-max-gib``. That guard is an estimate: each row gives it (``eager_estimate_mib``) beside
 the measured peak of eager beyond a plain forward (``eager_extra_peak_mib``), and an eager run
-that still runs out of memory is recorded in ``eager_status`` instead of ending the benchmark.
+that still runs out of memory is recorded in ``eager_status`` instead of ending the benchmark;
+a plain or capture pass that does is a row with only ``status``. Every pass is guarded
+(``out_of_memory``), and its memory is freed once the exception is gone.
 Peak extra memory: ``torch.cuda.max_memory_allocated`` of the device
 in use above its pre-forward allocation on CUDA; on the CPU the peak RSS (VmHWM, reset
 through /proc/self/clear_refs after malloc_trim) above the pre-forward RSS.
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import json
 import statistics
@@ -55,9 +58,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sysbench_gpu.attention.hooks import AttentionShareCapture
-from sysbench_gpu.attention.layers import attention_modules, resolve_layers
-from sysbench_gpu.attention.span_math import eager_reference_shares  # noqa: E402
+from sysbench_gpu.attention.capture.hooks import AttentionShareCapture
+from sysbench_gpu.attention.capture.layers import attention_modules, resolve_layers
+from sysbench_gpu.attention.capture.span_math import eager_reference_shares  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "sysbench" / "sessions.json"
@@ -141,7 +144,7 @@ def random_inputs(vocab_size: int, device: str) -> Callable[[int], Inputs]:
 
 def sysbench_inputs(tokenizer: Any, data: Path, first_session: int, device: str) -> Callable[[int], Inputs]:
     """A real SysBench conversation through the chat template, extended with later sessions' turns and cut at T."""
-    from sysbench_gpu.attention.segments import TurnText, layout_conversation
+    from sysbench_gpu.attention.capture.segments import TurnText, layout_conversation
     from sysbench_gpu.benchmarks.registry import load_dataset
 
     sessions = load_dataset(data).sessions
@@ -390,7 +393,10 @@ def measure(
         runs = {"plain": plain, "capture": capture_with("auto")}
         if fallback:
             runs["fallback"] = capture_with("fallback")
-        measured = interleaved(runs, device, repeats)
+        measured, failed = out_of_memory(functools.partial(interleaved, runs, device, repeats), device)
+        if failed is not None:
+            rows.append({"tokens": length, "spans": [list(s) for s in spans], "status": f"out of memory: {failed}"})
+            continue
         (t_plain, m_plain), (t_cap, m_cap) = measured["plain"], measured["capture"]
         mib = lambda b: None if b is None else b / (1 << 20)  # noqa: E731
         row: dict[str, Any] = {
@@ -434,14 +440,17 @@ def measure(
             def run_eager(ids: Any = ids, spans: Any = spans, reference: dict[int, torch.Tensor] = reference) -> None:
                 reference.update(eager_forward(model, ids, layers, spans))
 
-            try:
-                ((t_eager, m_eager),) = interleaved({"eager": run_eager}, device, repeats).values()
-            except torch.OutOfMemoryError as error:  # the guard's estimate was too low: record it, go on
-                row["eager_status"] = f"eager: out of memory at T={length} ({str(error).splitlines()[0][:200]})"
-                release_memory(device)
+            # The guard's estimate can be too low: record the failure and go on to the next length.
+            timed, failed = out_of_memory(functools.partial(interleaved, {"eager": run_eager}, device, repeats), device)
+            # Untimed: per-head values for the comparison.
+            failed = failed or out_of_memory(capture_with("auto", per_head=True), device)[1]
+            if fallback:
+                failed = failed or out_of_memory(capture_with("fallback", per_head=True), device)[1]
+            if failed is not None:
+                row["eager_status"] = f"eager: out of memory at T={length} ({failed})"
                 rows.append(row)
                 continue
-            capture_with("auto", per_head=True)()  # untimed: per-head values for the comparison
+            ((t_eager, m_eager),) = timed.values()
             diffs = [_diff(captured["auto"][layer], reference[layer]) for layer in layers]
             row.update(
                 eager_status="measured",
@@ -455,7 +464,6 @@ def measure(
                 max_abs_diff_per_head_vs_eager=max(d[1] for d in diffs),
             )
             if fallback:
-                capture_with("fallback", per_head=True)()
                 fallback_diffs = [_diff(captured["fallback"][layer], reference[layer]) for layer in layers]
                 row["fallback_max_abs_diff_per_head_vs_eager"] = max(d[1] for d in fallback_diffs)
         rows.append(row)
@@ -474,6 +482,23 @@ def peak_source(device: str) -> str:
     if torch.device(device).type == "cuda":
         return "torch.cuda.max_memory_allocated above the allocation before the forward"
     return "peak RSS (VmHWM) above the RSS before the forward"
+
+
+def out_of_memory(run: Callable[[], Any], device: str) -> tuple[Any, str | None]:
+    """``(run(), None)``; on a CUDA out-of-memory error ``(None, its first line)``, once the pass's memory is freed.
+
+    The memory is freed after the ``except`` block ends: inside it, the traceback still holds the
+    failed forward's frames and so its tensors. ``torch.cuda.OutOfMemoryError`` exists in every
+    torch the package allows (``torch.OutOfMemoryError`` only from 2.5).
+    """
+    result, message = None, None
+    try:
+        result = run()
+    except torch.cuda.OutOfMemoryError as error:
+        message = str(error).splitlines()[0][:200]
+    if message is not None:
+        release_memory(device)
+    return result, message
 
 
 def release_memory(device: str) -> None:
@@ -509,6 +534,9 @@ def print_rows(rows: list[dict[str, Any]], header: bool = True) -> None:
     if header:
         print(line)
     for row in rows:
+        if "status" in row:  # the plain and capture pass ran out of memory: nothing was measured
+            print(f"{row['tokens']:>6} {row['status']}", flush=True)
+            continue
         secs = lambda s: "-" if s is None else f"{s:.3f}"  # noqa: E731
         mib = lambda b: "-" if b is None else f"{b:.0f}"  # noqa: E731
         ratio = lambda r: "-" if r is None else f"{r:.3f}"  # noqa: E731
@@ -564,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print_rows(rows[-1:], header=len(rows) == 1)
     for row in rows:
-        print(f"T={row['tokens']}: spans {row['spans']}, capture paths {row['capture_paths']}")
+        print(f"T={row['tokens']}: spans {row['spans']}, capture paths {row.get('capture_paths', '-')}")
     if args.json:
         report = {
             "args": vars(args),

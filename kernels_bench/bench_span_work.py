@@ -54,9 +54,9 @@ def measure_layer(
     then all of them interleaved over ``repeats``, so a change of load hits them alike."""
     import torch
 
-    from sysbench_gpu.attention.chunks import plan_chunks
-    from sysbench_gpu.attention.kernels import KernelInputs, choose_kernel
-    from sysbench_gpu.attention.span_math import span_share, span_share_given_lse
+    from sysbench_gpu.attention.capture.chunks import plan_chunks
+    from sysbench_gpu.attention.capture.kernels import KernelInputs, choose_kernel
+    from sysbench_gpu.attention.capture.span_math import span_share, span_share_given_lse
 
     choice = choose_kernel(query, key, value, None, "sdpa")
     if choice.function is None:

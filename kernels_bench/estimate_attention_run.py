@@ -53,8 +53,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_span_work beside this script
 
-from sysbench_gpu.attention.conversation import conversation_turns  # noqa: E402
-from sysbench_gpu.attention.segments import fit_layout  # noqa: E402
+from sysbench_gpu.attention.capture.conversation import conversation_turns  # noqa: E402
+from sysbench_gpu.attention.capture.segments import fit_layout  # noqa: E402
 from sysbench_gpu.benchmarks.registry import load_run_sessions
 from sysbench_gpu.core.rundir import RunDir  # noqa: E402
 from sysbench_gpu.profiling.device_specs import load_device_spec  # noqa: E402
@@ -179,7 +179,7 @@ def count_tokens(run_dir: Path, tokenizer: Any, max_tokens: int) -> tuple[list[F
 def time_saving(forwards: list[Forward], layers: int, repeats: int = 20) -> float:
     """Median seconds to write one session's arrays as the stage does (compressed .npz, atomic),
     at the median length."""
-    from sysbench_gpu.attention.store import save_npz_atomic
+    from sysbench_gpu.attention.files.store import save_npz_atomic
 
     length = int(statistics.median(f.tokens for f in forwards))
     rng = np.random.default_rng(0)

@@ -5,9 +5,9 @@ that records, per chosen layer, each token's share of attention on the system sp
 always removes itself; the stage lives in ``sysbench_gpu.attention``.
 """
 
-from sysbench_gpu.attention.hooks import AttentionShareCapture, LayerShares
-from sysbench_gpu.attention.layers import attention_modules, num_layers, resolve_layers
-from sysbench_gpu.attention.span_math import eager_reference_shares
+from sysbench_gpu.attention.capture.hooks import AttentionShareCapture, LayerShares
+from sysbench_gpu.attention.capture.layers import attention_modules, num_layers, resolve_layers
+from sysbench_gpu.attention.capture.span_math import eager_reference_shares
 
 __all__ = [
     "AttentionShareCapture",

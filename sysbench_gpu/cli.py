@@ -29,7 +29,7 @@ STAGE_MODULES = (
     "sysbench_gpu.arena.cli",
     "sysbench_gpu.benchmarks.sysbench.upstream",
     "sysbench_gpu.attention.stage",
-    "sysbench_gpu.attention.interp_report",
+    "sysbench_gpu.attention.analysis.interp_report",
     "sysbench_gpu.profiling.stage",
     "sysbench_gpu.explore.site",
 )

@@ -215,3 +215,22 @@ def test_span_work_bench_times_both_cpu_plans(tmp_path):
         assert row["kernel"] == "torch-cpu-flash" and row["kernel_s"] > 0
         for plan in ("stage_plan", "budget_only_plan"):
             assert row[f"kernel_lse_s_{plan}"] > 0 and row[f"fallback_s_{plan}"] > 0
+
+
+def test_out_of_memory_frees_after_the_exception_is_gone(bench, monkeypatch) -> None:
+    """A CUDA OOM in any pass is caught as torch.cuda.OutOfMemoryError (torch < 2.5 has no
+    torch.OutOfMemoryError), and memory is released only once the traceback, which holds the
+    failed forward's tensors, is gone."""
+    released: list[object] = []
+    monkeypatch.setattr(bench, "release_memory", lambda device: released.append(sys.exc_info()[1]))
+
+    def failing_pass() -> None:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+
+    result, message = bench.out_of_memory(failing_pass, "cuda")
+    assert result is None
+    assert message == "CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert released == [None]  # released once, outside the except block
+
+    assert bench.out_of_memory(lambda: 7, "cuda") == (7, None)
+    assert released == [None]  # nothing to release after a pass that ran

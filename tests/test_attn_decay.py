@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sysbench_gpu.attention.decay import DecaySeries, distance_points, fit_trend, summary_lines
+from sysbench_gpu.attention.analysis.decay import DecaySeries, distance_points, fit_trend, summary_lines
 
 
 def test_fit_trend_recovers_a_known_slope_with_a_session_bootstrap_ci():

@@ -10,10 +10,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from sysbench_gpu.attention import kernels as attn_kernels  # noqa: E402 (after importorskip: torch and transformers are optional)
-from sysbench_gpu.attention.hooks import CAPTURE_ATTR, AttentionShareCapture  # noqa: E402 (after importorskip: torch and transformers are optional)
-from sysbench_gpu.attention.layers import attention_modules, resolve_layers  # noqa: E402 (after importorskip: torch and transformers are optional)
-from sysbench_gpu.attention.span_math import eager_reference_shares  # noqa: E402 (after importorskip: torch and transformers are optional)
+from sysbench_gpu.attention.capture import kernels as attn_kernels  # noqa: E402 (after importorskip: torch and transformers are optional)
+from sysbench_gpu.attention.capture.hooks import CAPTURE_ATTR, AttentionShareCapture  # noqa: E402 (after importorskip: torch and transformers are optional)
+from sysbench_gpu.attention.capture.layers import attention_modules, resolve_layers  # noqa: E402 (after importorskip: torch and transformers are optional)
+from sysbench_gpu.attention.capture.span_math import eager_reference_shares  # noqa: E402 (after importorskip: torch and transformers are optional)
 from sysbench_gpu.core.errors import SysbenchError  # noqa: E402 (after importorskip: torch and transformers are optional)
 
 TOL = 1e-5
@@ -160,7 +160,7 @@ def test_gemma2_shares_describe_the_attention_each_path_ran(caplog):
     assert differs > 0.05  # the softcap changes the shares visibly: the comparison below can tell them apart
     for path in PATHS:
         with (
-            caplog.at_level(logging.INFO, logger="sysbench_gpu.attention.hooks"),
+            caplog.at_level(logging.INFO, logger="sysbench_gpu.attention.capture.hooks"),
             AttentionShareCapture(model, layers=[2, 3], spans=spans, path=path) as capture,
             torch.no_grad(),
         ):

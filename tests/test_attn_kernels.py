@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sysbench_gpu.attention import kernels as attn_kernels  # noqa: E402
-from sysbench_gpu.attention.kernels import (  # noqa: E402
+from sysbench_gpu.attention.capture import kernels as attn_kernels  # noqa: E402
+from sysbench_gpu.attention.capture.kernels import (  # noqa: E402
     KernelInputs,
     additive_mask,
     choose_kernel,

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from sysbench_gpu.attention.layout import (
+from sysbench_gpu.attention.capture.layout import (
     Distributed,
     LoadPlan,
     check_tensor_parallel_heads,
@@ -83,7 +83,7 @@ def test_load_model_binds_the_device_before_loading_and_never_copies_through_the
     import torch
     from transformers import AutoModelForCausalLM
 
-    from sysbench_gpu.attention import layout as attn_layout
+    from sysbench_gpu.attention.capture import layout as attn_layout
 
     events = []
 
@@ -126,7 +126,7 @@ def test_data_parallel_rank_loads_onto_its_own_gpu_only(smollm2_path):
     """On a CUDA machine: the last GPU's rank holds every weight there and allocates nothing on GPU 0."""
     import torch
 
-    from sysbench_gpu.attention import layout as attn_layout
+    from sysbench_gpu.attention.capture import layout as attn_layout
 
     last = torch.cuda.device_count() - 1
     rank = Distributed(rank=last, world=last + 1, local_rank=last)
@@ -143,7 +143,7 @@ def test_any_model_load_failure_is_one_line(monkeypatch, smollm2_path):
     """A failure inside from_pretrained (not caught by the model-folder checks) is one SysbenchError line."""
     from transformers import AutoModelForCausalLM
 
-    from sysbench_gpu.attention import layout as attn_layout
+    from sysbench_gpu.attention.capture import layout as attn_layout
     from sysbench_gpu.core.errors import SysbenchError
 
     def broken(path, **kwargs):

@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from sysbench_gpu.attention.layout import Distributed, LoadPlan  # noqa: E402
-from sysbench_gpu.attention.measure import _manifest_fields  # noqa: E402
+from sysbench_gpu.attention.capture.layout import Distributed, LoadPlan  # noqa: E402
+from sysbench_gpu.attention.capture.measure import _manifest_fields  # noqa: E402
 
 
 def _fields(model):

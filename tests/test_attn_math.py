@@ -12,8 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sysbench_gpu.attention.chunks import CPU_BLOCK_BYTES, CPU_MAX_K_CHUNK, plan_chunks  # noqa: E402 (after importorskip: torch is optional)
-from sysbench_gpu.attention.span_math import ieee_fp32_matmul, span_share, span_share_given_lse  # noqa: E402 (after importorskip: torch is optional)
+from sysbench_gpu.attention.capture.chunks import CPU_BLOCK_BYTES, CPU_MAX_K_CHUNK, plan_chunks  # noqa: E402 (after importorskip: torch is optional)
+from sysbench_gpu.attention.capture.span_math import ieee_fp32_matmul, span_share, span_share_given_lse  # noqa: E402 (after importorskip: torch is optional)
 from sysbench_gpu.core.errors import SysbenchError  # noqa: E402
 
 TOL = 1e-5
@@ -160,7 +160,7 @@ _PEAK_SCRIPT = textwrap.dedent(
     import ctypes, sys
     from pathlib import Path
     import torch
-    from sysbench_gpu.attention.span_math import span_share, span_share_given_lse
+    from sysbench_gpu.attention.capture.span_math import span_share, span_share_given_lse
 
     def status(field):
         for line in Path("/proc/self/status").read_text().splitlines():

@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("sklearn")
 
-from sysbench_gpu.attention.head_table import HeadTable  # noqa: E402
-from sysbench_gpu.attention.probe import oof_predictions, probe_json, run_probe, summary_line  # noqa: E402
+from sysbench_gpu.attention.analysis.head_table import HeadTable  # noqa: E402
+from sysbench_gpu.attention.analysis.probe import oof_predictions, probe_json, run_probe, summary_line  # noqa: E402
 
 
 def table(n_sessions: int = 10, turns: int = 5, seed: int = 0) -> HeadTable:

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from sysbench_gpu.attention.segments import (  # noqa: E402
+from sysbench_gpu.attention.capture.segments import (  # noqa: E402
     CONTROL_JOINER,
     TurnText,
     build_messages,

@@ -11,16 +11,11 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from sysbench_gpu.attention.analysis import (  # noqa: E402
-    TurnShare,
-    compare_conditions,
-    correlate_with_verdicts,
-    moving_average,
-    normalized_axis,
-    read_turn_table,
-    turn_shares,
-)
-from sysbench_gpu.attention.store import append_lines, complete_lines  # noqa: E402
+from sysbench_gpu.attention.analysis.figures import moving_average, normalized_axis  # noqa: E402
+from sysbench_gpu.attention.analysis.turn_stats import compare_conditions, correlate_with_verdicts  # noqa: E402
+from sysbench_gpu.attention.files.store import append_lines, complete_lines  # noqa: E402
+from sysbench_gpu.attention.files.turn_table import TurnShare, read_turn_table, turn_shares  # noqa: E402
+from sysbench_gpu.benchmarks.explorer import TurnView  # noqa: E402
 from sysbench_gpu.benchmarks.registry import save_run_sessions
 from sysbench_gpu.cli import main  # noqa: E402
 from sysbench_gpu.core.records import GenerationRecord, JudgmentRecord, Verdict  # noqa: E402
@@ -171,7 +166,7 @@ def test_ranks_split_sessions_and_rank0_merges(run_dir, tmp_path, monkeypatch):
 
 def test_torn_shard_tail_is_cut_and_its_rows_recovered(run_dir, tmp_path, monkeypatch):
     """Issue 9 item 7: a crash mid-append tears the shard's last line; the rerun neither fails nor loses rows."""
-    from sysbench_gpu.attention import hooks as attn_hooks
+    from sysbench_gpu.attention.capture import hooks as attn_hooks
 
     class CaptureWithPaths(attn_hooks.AttentionShareCapture):
         paths = {3: "fallback", 1: "kernel-lse"}  # what the capture reports it ran, where it reports it
@@ -199,7 +194,7 @@ def test_torn_shard_tail_is_cut_and_its_rows_recovered(run_dir, tmp_path, monkey
 
 def test_second_attention_process_on_one_out_is_refused_before_loading(run_dir, tmp_path, capsys, monkeypatch):
     """One writer per output directory: while another process holds the stage lock, nothing is loaded or written."""
-    from sysbench_gpu.attention import layout as attn_layout
+    from sysbench_gpu.attention.capture import layout as attn_layout
     from sysbench_gpu.core.locks import stage_lock
 
     def never_load(*args, **kwargs):
@@ -231,8 +226,34 @@ def test_shard_lines_torn_tail_helpers(tmp_path):
     assert path.read_bytes() == b"x\n" and complete_lines(tmp_path / "missing.jsonl") == []
 
 
+def test_correlation_takes_each_turns_outcome_from_the_benchmark():
+    """turn_pass is the benchmark's pass or fail (turn_view), not the record's: turns it does not count as judged
+    are out of both parts, and a benchmark that only scores its turns gives no pass/fail correlation."""
+    rows, judgments, views = [], {}, {}
+    rng = np.random.default_rng(1)
+    for sid in range(1, 13):
+        for turn in range(1, 4):
+            share = float(rng.uniform(0, 1))
+            rows.append(TurnShare(sid, "system", 5, "mid", turn, 10, 5, share, share, share, share))
+            judgments[(sid, turn)] = JudgmentRecord(sid, turn, {"1": Verdict("是", "yes", "format")})
+            # The record passes every turn; the benchmark's view, which the correlation must follow, does not.
+            views[(sid, turn)] = TurnView(judged=turn != 3, passed=share > 0.5 if turn != 3 else None)
+    result = correlate_with_verdicts(rows, views, judgments, n_boot=50)
+    stats = result["layers"]["mid"]["turn_pass"]
+    judged = [(r.system_id, r.turn) for r in rows if r.turn != 3]
+    assert stats["n"] == len(judged) == 24 and result["layers"]["mid"]["by_type"]["format"]["n"] == 24
+    assert stats["pass_rate"] == np.mean([views[key].passed for key in judged]) < 1
+    scored = {key: TurnView(judged=True, score=7.0, scale=10.0) for key in views}
+    assert correlate_with_verdicts(rows, scored, judgments, n_boot=50) == {
+        "status": "skipped",
+        "reason": "the benchmark scores the measured turns without a pass or fail",
+    }
+    unjudged = {key: TurnView(judged=False) for key in views}
+    assert correlate_with_verdicts(rows, unjudged, judgments)["reason"] == "no judged turn matches a measured turn"
+
+
 def test_correlation_and_helpers():
-    rows, judgments = [], {}
+    rows, judgments, views = [], {}, {}
     rng = np.random.default_rng(0)
     for sid in range(1, 21):
         for turn in range(1, 6):
@@ -245,12 +266,13 @@ def test_correlation_and_helpers():
                 turn,
                 {"1": Verdict("是", "yes" if passed else "no", "format"), "2": Verdict("不适用", "other", "style")},
             )
-    result = correlate_with_verdicts(rows, judgments, n_boot=100)
+            views[(sid, turn)] = TurnView(judged=True, passed=passed)
+    result = correlate_with_verdicts(rows, views, judgments, n_boot=100)
     stats = result["layers"]["mid"]["turn_pass"]
     assert stats["n"] == 100 and stats["r_point_biserial"] > 0.7
     assert stats["ci95"][0] > 0.5 and stats["mean_share_pass"] > stats["mean_share_fail"]
     assert set(result["layers"]["mid"]["by_type"]) == {"format"}
-    assert correlate_with_verdicts(rows, {})["status"] == "skipped"
+    assert correlate_with_verdicts(rows, views, {})["status"] == "skipped"
     diff = compare_conditions(rows, n_boot=50)["layers"]["mid"]["1"]
     assert diff["n_paired"] == 20 and abs(diff["diff_mean"] - 0.1) < 1e-9 and diff["diff_ci95"][0] > 0.09
     assert np.allclose(moving_average(np.array([0.0, 3.0, 0.0, 3.0]), 3), [1.5, 1.0, 2.0, 1.5])

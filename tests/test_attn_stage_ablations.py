@@ -14,18 +14,18 @@ pytest.importorskip("transformers")
 
 from fake_engine import FakeEngine  # noqa: E402
 
-from sysbench_gpu.attention.analysis import read_turn_table  # noqa: E402
-from sysbench_gpu.attention.conversation import (  # noqa: E402
+from sysbench_gpu.attention.capture.conversation import (  # noqa: E402
     RunConversations,
     concat_forwards,
     conversation_turns,
 )
-from sysbench_gpu.attention.segments import (  # noqa: E402
+from sysbench_gpu.attention.capture.segments import (  # noqa: E402
     CONTROL_JOINER,
     TurnText,
     build_messages,
     layout_conversation,
 )
+from sysbench_gpu.attention.files.turn_table import read_turn_table  # noqa: E402
 from sysbench_gpu.benchmarks.registry import load_dataset
 from sysbench_gpu.benchmarks.sysbench.schema import session_to_upstream  # noqa: E402
 from sysbench_gpu.cli import main  # noqa: E402

@@ -71,8 +71,8 @@ def eager_shares(model, token_ids: np.ndarray, spans: np.ndarray, layers: list[i
     (one layer's T x T at a time)."""
     import torch
 
-    from sysbench_gpu.attention.layers import attention_modules
-    from sysbench_gpu.attention.span_math import eager_reference_shares
+    from sysbench_gpu.attention.capture.layers import attention_modules
+    from sysbench_gpu.attention.capture.span_math import eager_reference_shares
 
     found: dict[int, np.ndarray] = {}
     modules = attention_modules(model)

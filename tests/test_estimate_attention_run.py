@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sysbench_gpu.attention.segments import TurnText, fit_layout
+from sysbench_gpu.attention.capture.segments import TurnText, fit_layout
 from sysbench_gpu.benchmarks.registry import save_run_sessions
 from sysbench_gpu.core.records import GenerationRecord
 from sysbench_gpu.core.rundir import RunDir

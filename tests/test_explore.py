@@ -199,8 +199,8 @@ def test_session_file_has_texts_replies_and_verdicts_of_each_run(fixture_runs, d
 def test_attention_tokens_decode_and_values_match_the_stored_shares(fixture_runs, smollm2_path):
     from transformers import AutoTokenizer
 
-    from sysbench_gpu.attention.analysis import token_series, turn_shares
-    from sysbench_gpu.attention.store import load_session, session_path
+    from sysbench_gpu.attention.files.store import load_session, session_path
+    from sysbench_gpu.attention.files.turn_table import token_series, turn_shares
     from sysbench_gpu.explore.attention import dequantize, utf16_length
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_path)

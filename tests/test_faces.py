@@ -34,6 +34,6 @@ def test_the_names_users_imported_before_still_import() -> None:
     assert GenerateSettings.__module__ == "sysbench_gpu.generation.settings"
     assert judge_run.__module__ == "sysbench_gpu.judging.stage"
     assert JudgeSettings.__module__ == "sysbench_gpu.judging.rounds"
-    assert AttentionShareCapture.__module__ == "sysbench_gpu.attention.hooks"
+    assert AttentionShareCapture.__module__ == "sysbench_gpu.attention.capture.hooks"
     assert callable(conversation_for_turn) and callable(fold_system_message) and callable(dry_run_report)
     assert callable(temperature_for) and callable(eager_reference_shares) and callable(resolve_layers)

@@ -25,8 +25,8 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from sysbench_gpu.attention import store  # noqa: E402
-from sysbench_gpu.attention.analysis import read_turn_table  # noqa: E402
+from sysbench_gpu.attention.files import store  # noqa: E402
+from sysbench_gpu.attention.files.turn_table import read_turn_table  # noqa: E402
 from sysbench_gpu.benchmarks.registry import load_run_sessions  # noqa: E402
 from sysbench_gpu.core.errors import SysbenchError  # noqa: E402
 from sysbench_gpu.core.records import JudgmentRecord, Verdict  # noqa: E402

@@ -12,9 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from sysbench_gpu.attention.hooks import AttentionShareCapture  # noqa: E402 (after importorskip: torch and transformers are optional)
-from sysbench_gpu.attention.kernels import flash_attn_installed  # noqa: E402 (after importorskip: torch and transformers are optional)
-from sysbench_gpu.attention.span_math import eager_reference_shares, span_share, span_share_given_lse  # noqa: E402 (after importorskip: torch and transformers are optional)
+from sysbench_gpu.attention.capture.hooks import AttentionShareCapture  # noqa: E402 (after importorskip: torch and transformers are optional)
+from sysbench_gpu.attention.capture.kernels import flash_attn_installed  # noqa: E402 (after importorskip: torch and transformers are optional)
+from sysbench_gpu.attention.capture.span_math import eager_reference_shares, span_share, span_share_given_lse  # noqa: E402 (after importorskip: torch and transformers are optional)
 from sysbench_gpu.engines.base import SamplingSpec  # noqa: E402 (after importorskip: torch and transformers are optional)
 
 pytestmark = pytest.mark.gpu
@@ -112,7 +112,7 @@ def test_capture_on_cuda_kernels_matches_eager_and_keeps_logits(kind, dtype, ker
 
 @pytest.mark.parametrize("name", ["cuda_flash_attention", "cuda_efficient_attention", "flash_attn_attention"])
 def test_each_cuda_kernel_returns_sdpa_output_and_dense_lse(name):
-    from sysbench_gpu.attention import kernels as attn_kernels
+    from sysbench_gpu.attention.capture import kernels as attn_kernels
 
     if name == "flash_attn_attention" and not flash_attn_installed():
         pytest.skip("flash-attn is not installed (the [flash] extra)")

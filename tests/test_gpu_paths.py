@@ -21,8 +21,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sysbench_gpu.attention import kernels  # noqa: E402
-from sysbench_gpu.attention.kernels import choose_kernel, flash_attn_installed  # noqa: E402
+from sysbench_gpu.attention.capture import kernels  # noqa: E402
+from sysbench_gpu.attention.capture.kernels import choose_kernel, flash_attn_installed  # noqa: E402
 from sysbench_gpu.engines import vllm_memory  # noqa: E402
 from sysbench_gpu.engines.vllm_memory import (  # noqa: E402
     FALLBACK_GPU_MEMORY_UTILIZATION,
@@ -191,7 +191,7 @@ def _agree_rank(rank: int, port: int, todos: list[list[int]], results: Any) -> N
     """One rank: agree, then the collective the model load stands for, entered only with work to do."""
     import torch.distributed as torch_dist
 
-    from sysbench_gpu.attention.layout import Distributed
+    from sysbench_gpu.attention.capture.layout import Distributed
     from sysbench_gpu.attention.stage import agree_on_todo
 
     _torchrun_env(rank, len(todos), port)
@@ -209,7 +209,7 @@ def _stage_rank(rank: int, port: int, outs: list[str], results: Any) -> None:
     import torch.distributed as torch_dist
 
     from sysbench_gpu.attention import stage
-    from sysbench_gpu.attention.layout import Distributed, LoadPlan
+    from sysbench_gpu.attention.capture.layout import Distributed, LoadPlan
 
     _torchrun_env(rank, len(outs), port)
     measured: list[list[int]] = []
@@ -270,7 +270,7 @@ def test_tensor_parallel_ranks_take_rank_zeros_todo() -> None:
 
 
 def test_the_stage_does_not_hang_when_ranks_see_different_folders(tmp_path) -> None:
-    from sysbench_gpu.attention.store import session_path
+    from sysbench_gpu.attention.files.store import session_path
 
     rank0, rank1 = tmp_path / "rank0-view", tmp_path / "rank1-view"
     rank0.mkdir()

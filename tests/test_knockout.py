@@ -12,10 +12,11 @@ pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.slow  # loads SmolLM2
 
-from sysbench_gpu.attention.knockout import knockout_layout, read_knockout, reply_logps  # noqa: E402
-from sysbench_gpu.attention.knockout_report import knockout_markdown, plot_knockout  # noqa: E402
-from sysbench_gpu.attention.segments import TurnText, layout_conversation  # noqa: E402
-from sysbench_gpu.benchmarks.registry import save_run_sessions  # noqa: E402
+from sysbench_gpu.attention.analysis.knockout_report import finish_knockout, knockout_markdown, plot_knockout  # noqa: E402
+from sysbench_gpu.attention.capture.knockout import knockout_layout, reply_logps  # noqa: E402
+from sysbench_gpu.attention.capture.segments import TurnText, layout_conversation  # noqa: E402
+from sysbench_gpu.attention.files.knockout_rows import KNOCKOUT_FILE, KnockoutRow, read_knockout  # noqa: E402
+from sysbench_gpu.benchmarks.registry import demo_data_path, load_dataset, save_run_sessions  # noqa: E402
 from sysbench_gpu.cli import main  # noqa: E402
 from sysbench_gpu.core.records import GenerationRecord, JudgmentRecord, Verdict  # noqa: E402
 from sysbench_gpu.core.rundir import RunDir  # noqa: E402
@@ -158,3 +159,55 @@ def test_bench_knockout_rows(tmp_path, capsys):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["T"] == 64 and row["layers"] == 2 and row["ratio"] > 0
     assert "ratio" in capsys.readouterr().out
+
+
+def _knockout_folder(path, rows):
+    """An attention folder holding only knockout rows (the model is not needed to summarize them)."""
+    path.mkdir(parents=True)
+    (path / "manifest.json").write_text(json.dumps({"knockout": {"layers": [1], "layers_spec": "1"}}))
+    (path / KNOCKOUT_FILE).write_text("".join(row.to_json() + "\n" for row in rows))
+    return path
+
+
+def _row(system_id, turn, delta):
+    return KnockoutRow(system_id, turn, "system", (0, 1), -1.0, -1.0 + delta, delta)
+
+
+def test_knockout_splits_pass_and_fail_through_turn_view(tmp_path):
+    """A SysBench turn whose judgment never parsed is not judged, whatever verdicts the record still holds."""
+    dataset = load_dataset(demo_data_path())
+    session = dataset.select(limit=1)[0]
+    run = RunDir(tmp_path / "run")
+    run.update_manifest(stage="generate", model="smollm2")
+    save_run_sessions(run, [session], dataset)
+    sid = session.system_id
+
+    def judged(turn, value, status="ok"):
+        return JudgmentRecord(sid, turn, {"1": Verdict(raw=value, value=value, type="x")}, parse_status=status)
+
+    # Turn 1 passes, turn 2 fails, turn 3's judge reply never parsed (a "no" left in the record: the raw
+    # verdicts would count it as a fail), turn 4 has no judgment.
+    run.judgments.append([judged(1, "yes"), judged(2, "no"), judged(3, "no", status="unparsed")])
+    out = _knockout_folder(
+        tmp_path / "attn", [_row(sid, 1, -0.1), _row(sid, 2, -0.3), _row(sid, 3, -0.9), _row(sid, 4, -0.5)]
+    )
+    summary = finish_knockout(out, run, resamples=20, figures=False)
+    split = summary["verdicts"]["system"]
+    assert (split["n_pass"], split["n_fail"], split["n_scored_only"], split["n_not_judged"]) == (1, 1, 0, 2)
+    assert split["mean_delta_pass"] == pytest.approx(-0.1) and split["mean_delta_fail"] == pytest.approx(-0.3)
+    assert json.loads((out / "knockout_summary.json").read_text())["verdicts"]["system"] == split
+
+
+def test_knockout_on_a_scored_benchmark_counts_scored_turns_and_splits_none(tmp_path, mteval_data_dir):
+    from mteval_runs import make_mteval_run
+
+    run = make_mteval_run(tmp_path / "run", mteval_data_dir / "refinement_multi.jsonl", [1], lambda s, t: "A reply.")
+    session = load_dataset(run.sessions_path).sessions[0]
+    answered = [turn.index for turn in session.turns if turn.answered][:3]
+    run.judgments.append([JudgmentRecord(session.system_id, t, {}, score=7.0, scorer="judge") for t in answered[:2]])
+    rows = [_row(session.system_id, t, -0.2) for t in answered]
+    out = _knockout_folder(tmp_path / "attn", rows)
+    summary = finish_knockout(out, run, resamples=20, figures=False)
+    split = summary["verdicts"]["system"]
+    assert (split["n_pass"], split["n_fail"], split["n_scored_only"], split["n_not_judged"]) == (0, 0, 2, 1)
+    assert any("scores these turns (2 rows) without a pass or fail" in line for line in knockout_markdown([out]))

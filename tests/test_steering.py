@@ -11,8 +11,8 @@ pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.slow  # loads SmolLM2
 
-from sysbench_gpu.attention.hooks import AttentionShareCapture  # noqa: E402
-from sysbench_gpu.attention.segments import TurnText, layout_conversation  # noqa: E402
+from sysbench_gpu.attention.capture.hooks import AttentionShareCapture  # noqa: E402
+from sysbench_gpu.attention.capture.segments import TurnText, layout_conversation  # noqa: E402
 from sysbench_gpu.benchmarks.registry import load_dataset  # noqa: E402
 from sysbench_gpu.cli import main  # noqa: E402
 from sysbench_gpu.core.errors import SysbenchError  # noqa: E402
@@ -164,3 +164,64 @@ def test_manifest_records_steering_and_a_rerun_must_match(tmp_path, demo):
     plain = GenerateSettings(model="smollm2", engine="hf")
     with pytest.raises(SysbenchError, match="field 'steering' was"):
         run_generation(FakeEngine(), dataset, list(demo[:1]), run, plain, progress=False)
+
+
+def _top_heads():
+    """top_heads.json as attention-analyze writes it: head 2 carries the outcome (significant), the rest do not."""
+    pytest.importorskip("scipy")
+    import numpy as np
+
+    from sysbench_gpu.attention.analysis import heads
+    from sysbench_gpu.attention.analysis.head_table import HeadTable
+
+    rng = np.random.default_rng(1)
+    n_sessions, turns = 30, 5
+    passed = (rng.random(n_sessions * turns) > 0.4).astype(float)
+    shares = rng.normal(0.3, 0.05, size=(passed.size, 1, 4))
+    shares[:, 0, 2] += 0.1 * passed
+    shares[:, 0, 0] += 0.004 * passed  # a weak positive r: in the top list, not significant
+    table = HeadTable(
+        np.repeat(np.arange(n_sessions), turns),
+        np.tile(np.arange(1, turns + 1), n_sessions),
+        np.full(passed.size, 20),
+        shares,
+        passed,
+        [12],
+        ["mid"],
+    )
+    return heads.top_heads(heads.head_map(table, n_boot=50, seed=0, permutations=2000), 4)
+
+
+def test_steer_heads_warns_once_on_heads_that_are_not_significant(tmp_path, caplog):
+    top = _top_heads()
+    by_head = {(item["layer"], item["head"]): item for item in top["details"]}
+    assert by_head[(12, 2)]["significant"] and not by_head[(12, 0)]["significant"]
+    weak = [pair for pair, item in by_head.items() if not item["significant"]]
+
+    written = tmp_path / "top_heads.json"
+    written.write_text(json.dumps(top))
+    with caplog.at_level("WARNING", logger="sysbench_gpu.modeling.steering"):
+        pairs = read_steer_heads(written)
+    assert [list(pair) for pair in pairs] == top["heads"]  # the file stays readable by --steer-heads
+    (record,) = caplog.records
+    assert f"{len(weak)} of {len(pairs)} heads are not significant" in record.getMessage()
+    assert "[12, 0]" in record.getMessage() and "[12, 2]" not in record.getMessage()
+
+    only_significant = tmp_path / "significant.json"
+    only_significant.write_text(json.dumps({**top, "heads": [[12, 2]]}))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="sysbench_gpu.modeling.steering"):
+        assert read_steer_heads(only_significant) == ((12, 2),)
+    assert not caplog.records
+
+    # A file written before the session permutation test: its q treated turns as independent, so it counts as none.
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"heads": [[12, 2]], "details": [{"layer": 12, "head": 2, "q": 0.001}]}))
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps([[12, 2]]))
+    for path, reason in ((old, "predates attention-analyze's session permutation test"), (bare, "bare list")):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="sysbench_gpu.modeling.steering"):
+            read_steer_heads(path)
+        (record,) = caplog.records
+        assert "1 of 1 heads are not significant" in record.getMessage() and reason in record.getMessage()

@@ -2,13 +2,13 @@
 
 For each session one teacher-forced forward runs over the whole final conversation
 (system + user turns + replies from the run's ``generations.jsonl`` or the reference
-replies), built as generation built it (``conversation``: distractor exchanges in
+replies), built as generation built it (``capture.conversation``: distractor exchanges in
 front, MT-Eval context turns with their given replies, one forward per turn for
-single-turn runs); ``hooks.AttentionShareCapture`` measures at the selected layers the
+single-turn runs); ``capture.hooks.AttentionShareCapture`` measures at the selected layers the
 share of attention that every token gives to the system text and to the template's
 leading tokens. With ``--control`` the same conversation is also run with the system
 text sent as user (joined to the first user message). With ``--knockout system`` rank 0
-then runs ``knockout`` on every session, in both arms (``knockout.jsonl``).
+then runs ``capture.knockout`` on every session, in both arms (``knockout.jsonl``).
 
 Output directory::
 
@@ -27,8 +27,8 @@ Resume is per session and condition: an existing ``.npz`` (written atomically) i
 skipped. Under ``torchrun`` (RANK/WORLD_SIZE in the environment) each rank takes every
 WORLD_SIZE-th session and rank 0 waits for the others' done markers and merges; with
 ``--tensor-parallel`` the ranks instead split every layer's heads, run every session
-together, and only rank 0 writes (``layout``). Files: ``store``; measuring: ``measure``;
-merge, analysis and figures: ``report``.
+together, and only rank 0 writes (``capture.layout``). Files: ``files``; measuring:
+``capture.measure``; merge, analysis and figures: ``analysis.report``.
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from sysbench_gpu.attention.conversation import RunConversations, conversation_turns
-from sysbench_gpu.attention.knockout import run_knockout
-from sysbench_gpu.attention.knockout_report import finish_knockout
-from sysbench_gpu.attention.layout import (
+from sysbench_gpu.attention.analysis.knockout_report import finish_knockout
+from sysbench_gpu.attention.analysis.report import draw_figures, finish, print_summary
+from sysbench_gpu.attention.capture.conversation import RunConversations, conversation_turns
+from sysbench_gpu.attention.capture.knockout import run_knockout
+from sysbench_gpu.attention.capture.layout import (
     Distributed,
     LoadPlan,
     check_tensor_parallel_heads,
@@ -50,10 +51,9 @@ from sysbench_gpu.attention.layout import (
     plan_load,
     wait_for_ranks,
 )
-from sysbench_gpu.attention.measure import SPAN_NAMES, STAGE, measure_sessions, session_arrays
-from sysbench_gpu.attention.report import draw_figures, finish, print_summary
-from sysbench_gpu.attention.store import check_settings, load_session, read_manifest, session_path, skip_path
-from sysbench_gpu.attention.turn_table import merge_turn_table
+from sysbench_gpu.attention.capture.measure import SPAN_NAMES, STAGE, measure_sessions, session_arrays
+from sysbench_gpu.attention.files.store import check_settings, load_session, read_manifest, session_path, skip_path
+from sysbench_gpu.attention.files.turn_table import merge_turn_table
 from sysbench_gpu.benchmarks.registry import load_run_sessions
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.locks import stage_lock

@@ -11,7 +11,7 @@ captured layers. Its sessions are those of the run it measured (its manifest's
 - ``values[layer label]``: ``share`` and ``excl`` (share with the template's leading
   tokens excluded) per token, quantized to uint8 (``round(255 * value)``, resolution
   1/255) and base64-encoded;
-- ``turn_means[layer label]``: the per-turn means from ``attention.analysis.turn_shares``,
+- ``turn_means[layer label]``: the per-turn means from ``attention.files.turn_table.turn_shares``,
   computed at full precision before quantization;
 - per source, ``knockout[arm][turn]``: Δ mean log p of the reply with the system text's keys
   hidden, and both log p (``knockout.jsonl``, where ``attention --knockout`` ran).
@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from sysbench_gpu.attention.analysis import token_series, turn_shares
-from sysbench_gpu.attention.knockout import read_knockout
-from sysbench_gpu.attention.store import load_session, read_manifest
+from sysbench_gpu.attention.files.knockout_rows import read_knockout
+from sysbench_gpu.attention.files.store import load_session, read_manifest
+from sysbench_gpu.attention.files.turn_table import token_series, turn_shares
 from sysbench_gpu.benchmarks.registry import load_run_sessions
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.rundir import RunDir

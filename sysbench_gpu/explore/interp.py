@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sysbench_gpu.attention.interp_report import DECAY_FILE, HEADS_FILE, PROBE_FILE, TOP_HEADS_FILE
+from sysbench_gpu.attention.analysis.interp_report import DECAY_FILE, HEADS_FILE, PROBE_FILE, TOP_HEADS_FILE
 from sysbench_gpu.core.jsonio import read_json
 
 FIGURES = ("heads_map.png", "probe_roc.png")

@@ -3,7 +3,7 @@
 One object, ``GenerationPlan``, decides for a run (benchmark, history mode, distractor
 exchanges) which turns get a reply, how they are grouped into turn-synchronous engine
 calls, and the conversation each one sees. The attention stage rebuilds the same
-conversations from the same benchmark methods (``attention.conversation``).
+conversations from the same benchmark methods (``attention.capture.conversation``).
 
 - SysBench, ``model`` history: call *t* holds turn *t* of every session, each with the
   model's own earlier replies; ``reference``: one call, references as history;

@@ -4,13 +4,17 @@
 asks for; the hf engine applies it around each ``generate`` call (``modeling.key_bias``).
 α = 1 installs nothing: generation takes the model's unmodified attention path.
 ``--steer-heads`` reads the head map's list of ``[layer, head]`` pairs, as a bare list or
-``{"heads": [...]}``.
+``{"heads": [...]}``, and warns (one line) when a steered head is not significant in the
+file: its session-aware q (``attention-analyze``'s ``top_heads.json``) is at or above the
+file's ``alpha``, or the file gives none (a bare list, or a map written before the session
+permutation test, whose q treated turns as independent).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +23,11 @@ from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.modeling.key_bias import PATH, layer_heads, steering_value
 from sysbench_gpu.modeling.layer_bands import parse_layer_band
 
+log = logging.getLogger(__name__)
+
 DEFAULT_LAYERS = "mid-band"
+DEFAULT_ALPHA = 0.05  # the heads map's FDR level, for a file that does not name its own
+SESSION_AWARE_P = "session-permutation"  # top_heads.json's p_value.method when its q is session-aware
 
 
 @dataclass(frozen=True)
@@ -89,7 +97,47 @@ def read_steer_heads(path: str | Path) -> tuple[tuple[int, int], ...]:
         out.append((int(pair[0]), int(pair[1])))
     if not out:
         raise SysbenchError(f"{path}: field 'heads' is empty")
+    warn_unsupported_heads(path, data, out)
     return tuple(out)
+
+
+def unsupported_heads(data: Any, pairs: Sequence[tuple[int, int]]) -> tuple[list[tuple[int, int]], str]:
+    """The pairs the file gives no significant session-aware q for, and why (for the warning)."""
+    if not isinstance(data, Mapping):
+        return list(pairs), "a bare list gives no q"
+    method = data.get("p_value")
+    if not isinstance(method, Mapping) or method.get("method") != SESSION_AWARE_P:
+        return list(pairs), "no session-aware q: the file predates attention-analyze's session permutation test"
+    alpha = data.get("alpha")
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 < alpha < 1:
+        alpha = DEFAULT_ALPHA
+    q_by_head: dict[tuple[int, int], Any] = {}
+    for item in data.get("details") or []:
+        if isinstance(item, Mapping):
+            q_by_head[(item.get("layer"), item.get("head"))] = item.get("q")
+    weak = []
+    for pair in pairs:
+        q = q_by_head.get(pair)
+        if not isinstance(q, (int, float)) or isinstance(q, bool) or not q < alpha:
+            weak.append(pair)
+    return weak, f"session-aware q >= {alpha} or missing"
+
+
+def warn_unsupported_heads(path: Path, data: Any, pairs: Sequence[tuple[int, int]]) -> None:
+    """One warning line when ``--steer-heads`` steers heads the head map does not call significant."""
+    weak, reason = unsupported_heads(data, pairs)
+    if not weak:
+        return
+    shown = ", ".join(f"[{layer}, {head}]" for layer, head in weak[:8]) + (" ..." if len(weak) > 8 else "")
+    log.warning(
+        "--steer-heads %s: %d of %d heads are not significant (%s): %s; steering them rests on no evidence "
+        "that they carry the system message",
+        path,
+        len(weak),
+        len(pairs),
+        reason,
+        shown,
+    )
 
 
 def text_token_span(tokenizer: Any, rendered: str, text: str) -> tuple[int, int] | None:

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sysbench_gpu.attention.interp_report import report_markdown
-from sysbench_gpu.attention.knockout_report import knockout_markdown
+from sysbench_gpu.attention.analysis.interp_report import report_markdown
+from sysbench_gpu.attention.analysis.knockout_report import knockout_markdown
 from sysbench_gpu.benchmarks.base import ReportRequest
 from sysbench_gpu.benchmarks.registry import REGISTRY, one_benchmark, run_benchmark
 from sysbench_gpu.core.errors import SysbenchError

@@ -23,8 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from sysbench_gpu.attention.analysis import DEFAULT_METRIC, read_turn_table, token_series
-from sysbench_gpu.attention.store import TURN_TABLE, load_session, read_manifest
+from sysbench_gpu.attention.analysis.figures import pyplot, save_figure
+from sysbench_gpu.attention.analysis.turn_stats import DEFAULT_METRIC
+from sysbench_gpu.attention.files.store import TURN_TABLE, load_session, read_manifest
+from sysbench_gpu.attention.files.turn_table import read_turn_table, token_series
 from sysbench_gpu.core.errors import SysbenchError
 
 GRID_POINTS = 25
@@ -178,12 +180,10 @@ def summary_lines(series: list[DecaySeries]) -> list[str]:
 
 def plot_decay(series: list[DecaySeries], layer_label: str, base: Path, title: str) -> list[Path]:
     """Two panels: share vs turn and share vs log2 distance; colour per history mode, system solid, control dashed."""
-    from sysbench_gpu.attention.analysis import _pyplot, _save
-
     chosen = [item for item in series if item.layer_label == layer_label]
     if not chosen:
         return []
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), layout="constrained")
     colors = {history: f"C{i}" for i, history in enumerate(sorted({item.history for item in chosen}))}
     # System arm first in each history's legend entries; control markers hollow, as its lines are dashed.
@@ -216,6 +216,6 @@ def plot_decay(series: list[DecaySeries], layer_label: str, base: Path, title: s
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=7, frameon=False)
     fig.suptitle(title, fontsize=10)
-    paths = _save(fig, base)
+    paths = save_figure(fig, base)
     plt.close(fig)
     return paths

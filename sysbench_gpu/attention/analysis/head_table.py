@@ -4,8 +4,8 @@ The heads map and the failure probe read one table: a row per measured turn of t
 system condition, holding every captured layer's per-head mean share of the reply
 tokens (``share_excl_lead`` per head, from ``per_head`` [L, H, T, 2] of the stored
 sessions, which ``attention --per-head`` writes). A turn's outcome comes from the run
-the attention stage measured, through the benchmark protocol (``turn_view``): shared
-code never asks which benchmark it is.
+the attention stage measured, through the benchmark protocol (``outcomes.turn_outcomes``,
+``turn_view``): shared code never asks which benchmark it is.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from sysbench_gpu.attention.analysis import LEAD, SYSTEM
-from sysbench_gpu.attention.store import load_session, read_manifest
-from sysbench_gpu.benchmarks.registry import benchmark_of, load_run_sessions
+from sysbench_gpu.attention.analysis.outcomes import turn_outcomes
+from sysbench_gpu.attention.files.store import load_session, read_manifest
+from sysbench_gpu.attention.files.turn_table import LEAD, SYSTEM
 from sysbench_gpu.core.errors import SysbenchError
-from sysbench_gpu.core.rundir import RunDir
 
 CONDITION = "system"  # the heads and the probe read the arm where the system text is a system message
 
@@ -72,21 +71,6 @@ def head_turn_shares(stored: dict[str, np.ndarray], path: Path) -> list[tuple[in
             continue  # a turn with no reply token has no reply share
         rows.append((int(turn), int(r1 - r0), excl[:, :, int(r0) : int(r1)].mean(axis=2)))
     return rows
-
-
-def turn_outcomes(run_dir: Path) -> dict[tuple[int, int], float]:
-    """1.0 or 0.0 for every judged turn with a pass or fail, read through the run's benchmark (``turn_view``)."""
-    run = RunDir(run_dir).require()
-    sessions = load_run_sessions(run)
-    benchmark = benchmark_of(sessions)
-    judgments = run.judgments.read()
-    outcomes: dict[tuple[int, int], float] = {}
-    for session in sessions:
-        for turn in session.turns:
-            view = benchmark.turn_view(session, turn.index, judgments.get((session.system_id, turn.index)))
-            if view.judged and view.passed is not None:
-                outcomes[(session.system_id, turn.index)] = float(view.passed)
-    return outcomes
 
 
 def load_head_table(out: Path, run_dir: Path | None = None) -> HeadTable:

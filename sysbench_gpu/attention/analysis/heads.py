@@ -2,23 +2,31 @@
 
 For every captured (layer, head): the mean reply share (lead excluded) over judged turns,
 the point-biserial r between that share and the turn's pass (Pearson with a 0/1 outcome),
-a 95% CI that resamples whole sessions, the r's two-sided p-value (t with n - 2 degrees
-of freedom) and its Benjamini-Hochberg q over all heads of the map (scipy). The top heads
-go to ``top_heads.json`` in the form ``generate --steer-heads FILE`` reads.
+a 95% CI that resamples whole sessions, a two-sided p from a session permutation test
+(whole sessions' pass/fail vectors exchanged between sessions, ``core.stats``) and its
+Benjamini-Hochberg q over all heads of the map (scipy). Turns cluster within sessions, so
+neither the CI nor the p treats them as independent. The top heads go to ``top_heads.json``
+in the form ``generate --steer-heads FILE`` reads, each with its q and whether it passes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sysbench_gpu.attention.head_table import HeadTable
+from sysbench_gpu.attention.analysis.figures import pyplot, save_figure
+from sysbench_gpu.attention.analysis.head_table import HeadTable
 from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.stats import session_permutation_p
+from sysbench_gpu.modeling.steering import SESSION_AWARE_P
 
 ALPHA = 0.05  # the FDR level that marks a head in the map and in the summary
+DEFAULT_PERMUTATIONS = 10000
+P_METHOD = SESSION_AWARE_P  # what `--steer-heads` looks for to trust a file's q
 
 
 @dataclass
@@ -29,12 +37,25 @@ class HeadMap:
     r: np.ndarray  # [L, H], NaN where a head's share or the outcome is constant
     ci_low: np.ndarray  # [L, H]
     ci_high: np.ndarray  # [L, H]
-    p: np.ndarray  # [L, H]
-    q: np.ndarray  # [L, H]
+    p: np.ndarray  # [L, H], session permutation test
+    q: np.ndarray  # [L, H], Benjamini-Hochberg over the finite p
     n_turns: int
     n_sessions: int
     pass_rate: float
-    replicates: int
+    replicates: int  # bootstrap replicates with both classes (the CI's)
+    permutations: int
+    seed: int
+    exchangeable_sessions: int  # sessions whose labels a permutation can move
+    strata: int
+
+    @property
+    def n_tests(self) -> int:
+        return int(np.isfinite(self.p).sum())
+
+    @property
+    def significant(self) -> np.ndarray:
+        """[L, H] bool: q < ALPHA."""
+        return np.nan_to_num(self.q, nan=1.0) < ALPHA
 
 
 def columnwise_r(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -47,15 +68,22 @@ def columnwise_r(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.where(denominator > 0, r, np.nan)
 
 
-def r_p_values(r: np.ndarray, n: int) -> np.ndarray:
-    """Two-sided p of Pearson r under no correlation (t = r sqrt((n-2)/(1-r^2)), n - 2 degrees of freedom)."""
-    from scipy import stats
+def r_of_outcomes(x: np.ndarray, y: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """The statistic of the permutation test: r of every column of x [N, K] with each outcome vector [B, N].
 
-    if n < 3:
-        return np.full_like(r, np.nan)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        t = r * np.sqrt((n - 2) / np.clip(1.0 - r**2, 1e-300, None))
-    return np.where(np.isfinite(r), 2.0 * stats.t.sf(np.abs(t), n - 2), np.nan)
+    A permutation keeps the multiset of outcomes, so each vector's mean and spread are y's and
+    its r is one matrix product; with them fixed, r is a linear function of the head's pass
+    minus fail mean share, so the test of r is the test of that difference.
+    """
+    xc = x - x.mean(axis=0)
+    y_mean = y.mean()
+    denominator = np.sqrt((xc**2).sum(axis=0) * ((y - y_mean) ** 2).sum())
+    scale = np.where(denominator > 0, 1.0 / np.where(denominator > 0, denominator, 1.0), np.nan)
+
+    def statistic(outcomes: np.ndarray) -> np.ndarray:
+        return ((outcomes - y_mean) @ xc) * scale
+
+    return statistic
 
 
 def bh_q_values(p: np.ndarray) -> np.ndarray:
@@ -91,7 +119,7 @@ def session_bootstrap_r(
     return low, high, len(estimates)
 
 
-def head_map(table: HeadTable, n_boot: int = 1000, seed: int = 0) -> HeadMap:
+def head_map(table: HeadTable, n_boot: int = 1000, seed: int = 0, permutations: int = DEFAULT_PERMUTATIONS) -> HeadMap:
     """The map over the judged turns of ``table``; refuses a table with no judged turn."""
     judged = table.judged()
     n, n_layers, n_heads = judged.shares.shape
@@ -99,13 +127,15 @@ def head_map(table: HeadTable, n_boot: int = 1000, seed: int = 0) -> HeadMap:
         raise SysbenchError("heads: no measured turn has a pass or fail verdict (judge the run first)")
     x = judged.shares.reshape(n, n_layers * n_heads)
     y = judged.passed
-    r = columnwise_r(x, y) if np.ptp(y) > 0 else np.full(x.shape[1], np.nan)
-    p = r_p_values(r, n)
-    low, high, used = (
-        session_bootstrap_r(judged.session_ids, x, y, n_boot, seed)
-        if np.ptp(y) > 0
-        else (np.full_like(r, np.nan), np.full_like(r, np.nan), 0)
-    )
+    nan = np.full(x.shape[1], np.nan)
+    two_classes = bool(np.ptp(y) > 0)
+    r = columnwise_r(x, y) if two_classes else nan
+    low, high, used = nan, nan, 0
+    p, drawn, exchangeable, strata = nan, 0, 0, 0
+    if two_classes:  # one class has no correlation to test
+        low, high, used = session_bootstrap_r(judged.session_ids, x, y, n_boot, seed)
+        test = session_permutation_p(judged.session_ids, judged.turns, y, r_of_outcomes(x, y), permutations, seed)
+        p, drawn, exchangeable, strata = test.p, test.permutations, test.exchangeable_sessions, test.strata
     shape = (n_layers, n_heads)
     return HeadMap(
         layers=table.layers,
@@ -120,11 +150,29 @@ def head_map(table: HeadTable, n_boot: int = 1000, seed: int = 0) -> HeadMap:
         n_sessions=int(np.unique(judged.session_ids).size),
         pass_rate=float(y.mean()),
         replicates=used,
+        permutations=drawn,
+        seed=seed,
+        exchangeable_sessions=exchangeable,
+        strata=strata,
     )
 
 
 def _grid(values: np.ndarray) -> list[list[float | None]]:
     return [[float(v) if np.isfinite(v) else None for v in row] for row in values]
+
+
+def p_value_json(result: HeadMap) -> dict[str, Any]:
+    """How the p-values were found (``heads.json`` and ``top_heads.json`` carry it; ``--steer-heads`` looks for it)."""
+    return {
+        "method": P_METHOD,
+        "statistic": "point-biserial r of the head's share with turn pass (two-sided, |r|)",
+        "exchanged": "whole sessions' pass/fail vectors, between sessions judged on the same turn numbers",
+        "permutations": result.permutations,
+        "seed": result.seed,
+        "smallest_p": 1.0 / (result.permutations + 1) if result.permutations else None,
+        "exchangeable_sessions": result.exchangeable_sessions,
+        "strata": result.strata,
+    }
 
 
 def head_map_json(result: HeadMap, metric: str) -> dict[str, Any]:
@@ -140,7 +188,10 @@ def head_map_json(result: HeadMap, metric: str) -> dict[str, Any]:
         "n_sessions": result.n_sessions,
         "pass_rate": result.pass_rate,
         "bootstrap_replicates": result.replicates,
-        "fdr": {"method": "benjamini-hochberg", "alpha": ALPHA, "n_tests": int(np.isfinite(result.p).sum())},
+        "bootstrap_seed": result.seed,
+        "p_value": p_value_json(result),
+        "fdr": {"method": "benjamini-hochberg", "alpha": ALPHA, "n_tests": result.n_tests},
+        "n_significant": int(result.significant.sum()),
         "mean_share": _grid(result.mean_share),
         "r_point_biserial": _grid(result.r),
         "ci95_low": _grid(result.ci_low),
@@ -151,7 +202,11 @@ def head_map_json(result: HeadMap, metric: str) -> dict[str, Any]:
 
 
 def top_heads(result: HeadMap, k: int) -> dict[str, Any]:
-    """The ``k`` heads with the largest positive r (``generate --steer-heads`` reads ``heads``)."""
+    """The ``k`` heads with the largest positive r, significant or not (``generate --steer-heads`` reads ``heads``).
+
+    Each head's ``q`` is the session-aware one and ``significant`` says q < ``alpha``;
+    ``--steer-heads`` warns when it steers a head that is not.
+    """
     order = [
         (float(result.r[i, j]), i, j)
         for i in range(result.r.shape[0])
@@ -165,15 +220,21 @@ def top_heads(result: HeadMap, k: int) -> dict[str, Any]:
         "criterion": (
             f"top {k} heads by point-biserial r (> 0) between the head's reply share of the system text "
             f"(lead excluded, system condition) and turn pass, over {result.n_turns} turns of "
-            f"{result.n_sessions} sessions; q: Benjamini-Hochberg over {int(np.isfinite(result.p).sum())} heads"
+            f"{result.n_sessions} sessions; p: session permutation test ({result.permutations} permutations); "
+            f"q: Benjamini-Hochberg over {result.n_tests} heads; significant: q < {ALPHA}"
         ),
+        "alpha": ALPHA,
+        "p_value": p_value_json(result),
+        "n_listed_significant": int(sum(bool(result.significant[i, j]) for _, i, j in chosen)),
         "details": [
             {
                 "layer": result.layers[i],
                 "head": j,
                 "r": r,
                 "ci95": [_finite(result.ci_low[i, j]), _finite(result.ci_high[i, j])],
+                "p": _finite(result.p[i, j]),
                 "q": _finite(result.q[i, j]),
+                "significant": bool(result.significant[i, j]),
                 "mean_share": float(result.mean_share[i, j]),
             }
             for r, i, j in chosen
@@ -186,13 +247,14 @@ def _finite(value: float) -> float | None:
 
 
 def summary_lines(result: HeadMap, top: dict[str, Any]) -> list[str]:
-    significant = int((np.nan_to_num(result.q, nan=1.0) < ALPHA).sum())
     lines = [
         f"heads: {result.r.size} heads over {result.n_turns} judged turns of {result.n_sessions} sessions "
-        f"(pass rate {result.pass_rate:.2f}); {significant} with q < {ALPHA} (Benjamini-Hochberg)"
+        f"(pass rate {result.pass_rate:.2f}); {int(result.significant.sum())} with q < {ALPHA} "
+        f"(Benjamini-Hochberg on session-permutation p, {result.permutations} permutations, seed {result.seed})"
     ]
     if not np.isfinite(result.r).any():
         lines.append("heads: every judged turn has the same outcome; no correlation")
+    lines += permutation_notes(result)
     for item in top["details"][:5]:
         ci = item["ci95"]
         ci_text = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if None not in ci else ""
@@ -204,11 +266,29 @@ def summary_lines(result: HeadMap, top: dict[str, Any]) -> list[str]:
     return lines
 
 
+def permutation_notes(result: HeadMap) -> list[str]:
+    """What limits the test: sessions no permutation can move, and too few permutations for BH over many heads."""
+    notes = []
+    if not result.permutations:
+        return notes
+    fixed = result.n_sessions - result.exchangeable_sessions
+    if fixed:
+        notes.append(
+            f"heads: {fixed} of {result.n_sessions} sessions share their judged turn numbers with no other session "
+            "and keep their labels in every permutation"
+        )
+    if result.n_tests and 1.0 / (result.permutations + 1) > ALPHA / result.n_tests:
+        needed = int(np.ceil(result.n_tests / ALPHA))
+        notes.append(
+            f"heads: the smallest p of {result.permutations} permutations, 1/{result.permutations + 1}, is above "
+            f"{ALPHA}/{result.n_tests} heads: one head alone cannot pass BH (use --permutations {needed} or more)"
+        )
+    return notes
+
+
 def plot_head_map(result: HeadMap, base: Path, title: str) -> list[Path]:
     """Two heat maps, layer x head: mean system share, and r with turn pass (* marks q < ALPHA)."""
-    from sysbench_gpu.attention.analysis import _pyplot, _save
-
-    plt = _pyplot()
+    plt = pyplot()
     n_layers, n_heads = result.r.shape
     fig, axes = plt.subplots(
         1, 2, figsize=(3.0 + 0.9 * n_heads, 1.8 + 0.45 * n_layers), squeeze=False, layout="constrained"
@@ -232,6 +312,6 @@ def plot_head_map(result: HeadMap, base: Path, title: str) -> list[Path]:
         ax.set_xlabel("head")
     left.set_ylabel("layer")
     fig.suptitle(title, fontsize=10)
-    paths = _save(fig, base)
+    paths = save_figure(fig, base)
     plt.close(fig)
     return paths

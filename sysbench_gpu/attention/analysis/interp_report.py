@@ -2,8 +2,9 @@
 
 Writes into each directory that holds per-head shares (``attention --per-head``)::
 
-    heads.json        layer x head map: mean share, point-biserial r with turn pass, CI, p, BH q
-    top_heads.json    {"heads": [[layer, head], ...], "criterion": ...}: what `generate --steer-heads` reads
+    heads.json        layer x head map: mean share, point-biserial r with turn pass, CI, session-permutation p, BH q
+    top_heads.json    {"heads": [[layer, head], ...], "details": [{..., "q", "significant"}], ...}:
+                      what `generate --steer-heads` reads
     probe.json        the failure probe's cross-validated AUC and the baseline's, with session-bootstrap CIs
     figures/heads_map.png|pdf, figures/probe_roc.png|pdf
 
@@ -23,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from sysbench_gpu.attention import decay, heads, probe
-from sysbench_gpu.attention.analysis import DEFAULT_METRIC
-from sysbench_gpu.attention.head_table import CONDITION, load_head_table
-from sysbench_gpu.attention.store import read_manifest
+from sysbench_gpu.attention.analysis import decay, heads, probe
+from sysbench_gpu.attention.analysis.head_table import CONDITION, load_head_table
+from sysbench_gpu.attention.analysis.turn_stats import DEFAULT_METRIC
+from sysbench_gpu.attention.files.store import read_manifest
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.jsonio import read_json
 from sysbench_gpu.core.rundir import write_json_atomic
@@ -49,7 +50,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top", type=int, default=8, help="heads written to top_heads.json (default 8)")
     parser.add_argument("--folds", type=int, default=5, help="cross-validation folds, grouped by session (default 5)")
     parser.add_argument("--bootstrap", type=int, default=1000, help="session-bootstrap replicates (default 1000)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and the probe")
+    parser.add_argument(
+        "--permutations",
+        type=int,
+        default=heads.DEFAULT_PERMUTATIONS,
+        help=f"session permutations behind each head's p (default {heads.DEFAULT_PERMUTATIONS})",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap, the permutations and the probe")
     parser.add_argument("--no-figures", action="store_true", help="do not draw figures")
     parser.set_defaults(func=cmd_attention_analyze)
 
@@ -58,8 +65,10 @@ def cmd_attention_analyze(args: argparse.Namespace) -> int:
     dirs = [Path(d) for d in args.dirs]
     if args.run and len(dirs) > 1:
         raise SysbenchError("attention-analyze: --run names the run of one directory; give one directory with it")
-    if args.top < 1 or args.folds < 2 or args.bootstrap < 1:
-        raise SysbenchError("attention-analyze: --top and --bootstrap must be at least 1, --folds at least 2")
+    if args.top < 1 or args.folds < 2 or args.bootstrap < 1 or args.permutations < 1:
+        raise SysbenchError(
+            "attention-analyze: --top, --bootstrap and --permutations must be at least 1, --folds at least 2"
+        )
     for directory in dirs:
         read_manifest(directory)  # a folder that is not an attention output is one line, before any work
     for directory in dirs:
@@ -92,7 +101,7 @@ def analyze_heads(out: Path, run: Path | None, args: argparse.Namespace) -> list
     table = load_head_table(out, run)
     lines = [f"{out}:"]
     model = Path(str(read_manifest(out).get("model", out))).name
-    result = heads.head_map(table, n_boot=args.bootstrap, seed=args.seed)
+    result = heads.head_map(table, n_boot=args.bootstrap, seed=args.seed, permutations=args.permutations)
     top = heads.top_heads(result, args.top)
     write_json_atomic(out / HEADS_FILE, heads.head_map_json(result, DEFAULT_METRIC))
     write_json_atomic(out / TOP_HEADS_FILE, top)
@@ -165,7 +174,8 @@ def _heads_section(out: Path, report_dir: Path | None) -> list[str]:
         "",
         f"{data['n_heads']} heads x {len(data['layers'])} layers over {data['n_turns']} judged turns of "
         f"{data['n_sessions']} sessions (pass rate {data['pass_rate']:.2f}); "
-        f"{int((np.nan_to_num(q, nan=1.0) < heads.ALPHA).sum())} heads with BH q < {heads.ALPHA}.",
+        f"{int((np.nan_to_num(q, nan=1.0) < heads.ALPHA).sum())} heads with BH q < {heads.ALPHA} "
+        f"({_p_method(data)}).",
         "",
         "| layer | head | r | 95% CI | q | mean share |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -181,6 +191,14 @@ def _heads_section(out: Path, report_dir: Path | None) -> list[str]:
     if figure.exists():
         lines += ["", f"![heads map]({_link(figure, report_dir)})"]
     return lines + [""]
+
+
+def _p_method(data: dict[str, Any]) -> str:
+    """Where the map's p-values came from; a map written before the session permutation test says so."""
+    method = data.get("p_value")
+    if not isinstance(method, dict):
+        return "p from the turn-level t test, which treats turns as independent: rerun attention-analyze"
+    return f"p from {method.get('permutations')} session permutations"
 
 
 def _probe_section(data: dict[str, Any]) -> list[str]:

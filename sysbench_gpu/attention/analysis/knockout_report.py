@@ -4,10 +4,13 @@
 
     {"layers": [...], "arms": {"system": {"n", "n_sessions", "mean_delta", "ci95"}, "control": {...}},
      "by_turn": {"system": {"1": mean, ...}, ...},
-     "verdicts": {"system": {"mean_delta_pass", "mean_delta_fail", "n_pass", "n_fail"}, ...},
+     "verdicts": {"system": {"mean_delta_pass", "mean_delta_fail", "n_pass", "n_fail", "n_scored_only",
+                             "n_not_judged"}, ...},
      "system_minus_control": {"n", "mean", "ci95"}}
 
-A turn passes when no verdict of its judgment is ``no`` (as the share analysis counts it).
+A turn's pass or fail is the benchmark's (``turn_view``, joined as the head table joins it,
+``outcomes``): a turn it does not count as judged (an unparsed judgment, no judgment) is in
+``n_not_judged``, and one it only scores (MT-Eval) in ``n_scored_only``; neither is split.
 ``figures/knockout_delta.png|pdf``: mean Δ per turn, one line per arm.
 """
 
@@ -21,8 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from sysbench_gpu.attention.knockout import ARMS, KnockoutRow, read_knockout
-from sysbench_gpu.attention.store import read_manifest
+from sysbench_gpu.attention.analysis.outcomes import turn_views
+from sysbench_gpu.attention.files.knockout_rows import ARMS, KnockoutRow, read_knockout
+from sysbench_gpu.attention.files.store import read_manifest
+from sysbench_gpu.benchmarks.explorer import TurnView
 from sysbench_gpu.core.jsonio import read_json
 from sysbench_gpu.core.rundir import write_json_atomic
 from sysbench_gpu.core.stats import bootstrap_index, percentile_ci
@@ -48,16 +53,32 @@ def session_mean_ci(rows: Sequence[tuple[int, float]], resamples: int, seed: int
     return out
 
 
-def turn_passes(judgment: Any) -> bool | None:
-    values = [v.value for v in judgment.verdicts.values()]
-    if not values:
-        return None
-    return "no" not in values
+def verdict_split(rows: Sequence[KnockoutRow], views: Mapping[tuple[int, int], TurnView]) -> dict[str, Any]:
+    """Mean Δ of the passing and the failing turns, as the benchmark's ``turn_view`` judges them."""
+    passed: dict[bool, list[float]] = {True: [], False: []}
+    scored_only = not_judged = 0
+    for row in rows:
+        view = views.get((row.system_id, row.turn))
+        if view is None or not view.judged:
+            not_judged += 1
+        elif view.passed is None:
+            scored_only += 1
+        else:
+            passed[bool(view.passed)].append(row.delta)
+    return {
+        "n_pass": len(passed[True]),
+        "n_fail": len(passed[False]),
+        "mean_delta_pass": float(np.mean(passed[True])) if passed[True] else None,
+        "mean_delta_fail": float(np.mean(passed[False])) if passed[False] else None,
+        "n_scored_only": scored_only,
+        "n_not_judged": not_judged,
+    }
 
 
 def summarize_knockout(
-    rows: Sequence[KnockoutRow], judgments: Mapping[tuple[int, int], Any], resamples: int = 1000
+    rows: Sequence[KnockoutRow], views: Mapping[tuple[int, int], TurnView], resamples: int = 1000
 ) -> dict[str, Any]:
+    """``views``: the benchmark's view of each turn (``outcomes.turn_views``)."""
     scored = [r for r in rows if r.delta is not None]
     summary: dict[str, Any] = {"arms": {}, "by_turn": {}, "verdicts": {}}
     for arm in ARMS:
@@ -67,18 +88,7 @@ def summarize_knockout(
         summary["arms"][arm] = {**stats, "mean_delta": mean}
         turns = sorted({r.turn for r in mine})
         summary["by_turn"][arm] = {str(t): float(np.mean([r.delta for r in mine if r.turn == t])) for t in turns}
-        passed = {True: [], False: []}
-        for row in mine:
-            judgment = judgments.get((row.system_id, row.turn))
-            outcome = turn_passes(judgment) if judgment is not None else None
-            if outcome is not None:
-                passed[outcome].append(row.delta)
-        summary["verdicts"][arm] = {
-            "n_pass": len(passed[True]),
-            "n_fail": len(passed[False]),
-            "mean_delta_pass": float(np.mean(passed[True])) if passed[True] else None,
-            "mean_delta_fail": float(np.mean(passed[False])) if passed[False] else None,
-        }
+        summary["verdicts"][arm] = verdict_split(mine, views)
     control = {(r.system_id, r.turn): r.delta for r in scored if r.arm == "control"}
     paired = [
         (r.system_id, r.delta - control[(r.system_id, r.turn)])
@@ -122,7 +132,7 @@ def finish_knockout(out: Path, run: Any, resamples: int, figures: bool) -> dict[
     summary = {
         "layers": section.get("layers"),
         "layers_spec": section.get("layers_spec"),
-        **summarize_knockout(rows, run.judgments.read(), resamples),
+        **summarize_knockout(rows, turn_views(run.path), resamples),
     }
     write_json_atomic(out / SUMMARY_FILE, summary)
     for arm, stats in summary["arms"].items():
@@ -155,6 +165,10 @@ def knockout_markdown(dirs: Sequence[Path], report_dir: Path | None = None) -> l
                 f"{'–' if not ci else f'[{ci[0]:+.3f}, {ci[1]:+.3f}]'} | {_fmt(verdicts.get('mean_delta_pass'))} | "
                 f"{_fmt(verdicts.get('mean_delta_fail'))} |"
             )
+        scored = sum(v.get("n_scored_only") or 0 for v in summary.get("verdicts", {}).values())
+        split = sum((v.get("n_pass") or 0) + (v.get("n_fail") or 0) for v in summary.get("verdicts", {}).values())
+        if scored and not split:
+            lines += ["", f"The benchmark scores these turns ({scored} rows) without a pass or fail: no Δ pass/fail."]
         paired = summary.get("system_minus_control", {})
         lines += [
             "",

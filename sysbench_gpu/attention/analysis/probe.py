@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from sysbench_gpu.attention.head_table import HeadTable
+from sysbench_gpu.attention.analysis.figures import pyplot, save_figure
+from sysbench_gpu.attention.analysis.head_table import HeadTable
 from sysbench_gpu.core.errors import SysbenchError
 
 INSTALL_HINT = "the failure probe needs scikit-learn: pip install 'sysbench-gpu[interp]'"
@@ -164,11 +165,9 @@ def plot_roc(result: ProbeResult, base: Path, title: str) -> list[Path]:
     """ROC curves of the pooled out-of-fold predictions: the head probe and the baseline."""
     from sklearn.metrics import roc_curve
 
-    from sysbench_gpu.attention.analysis import _pyplot, _save
-
     if result.probe is None or result.baseline is None or result.fail is None:
         return []
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(4, 4))
     for score, label, style in ((result.probe, "per-head shares", "-"), (result.baseline, "turn + length", "--")):
         fpr, tpr, _ = roc_curve(result.fail, score.oof)
@@ -178,6 +177,6 @@ def plot_roc(result: ProbeResult, base: Path, title: str) -> list[Path]:
     ax.set_ylabel("true positive rate (failing turns)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8, loc="lower right", framealpha=0.9)
-    paths = _save(fig, base)
+    paths = save_figure(fig, base)
     plt.close(fig)
     return paths

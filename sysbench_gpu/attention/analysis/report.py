@@ -12,17 +12,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sysbench_gpu.attention.analysis import (
-    compare_conditions,
-    correlate_with_verdicts,
-    layer_name,
-    plot_token_shares,
-    plot_turn_means,
-    read_turn_table,
-    summarize,
-)
-from sysbench_gpu.attention.store import load_session, read_manifest, session_path
-from sysbench_gpu.attention.turn_table import merge_turn_table
+from sysbench_gpu.attention.analysis.figures import layer_name, plot_token_shares, plot_turn_means
+from sysbench_gpu.attention.analysis.outcomes import turn_views
+from sysbench_gpu.attention.analysis.turn_stats import compare_conditions, correlate_with_verdicts, summarize
+from sysbench_gpu.attention.files.store import load_session, read_manifest, session_path
+from sysbench_gpu.attention.files.turn_table import merge_turn_table, read_turn_table
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.rundir import write_json_atomic
 
@@ -36,7 +30,7 @@ def finish(out: Path, run: Any, args: argparse.Namespace) -> None:
         "n_turn_rows": len(rows),
         "n_sessions": len({row.system_id for row in rows}),
         "summary": summarize(rows),
-        "verdicts": correlate_with_verdicts(rows, judgments, n_boot=args.bootstrap),
+        "verdicts": correlate_with_verdicts(rows, turn_views(run.path), judgments, n_boot=args.bootstrap),
     }
     if any(row.condition == "control" for row in rows):
         analysis["system_vs_user"] = compare_conditions(rows, n_boot=args.bootstrap)

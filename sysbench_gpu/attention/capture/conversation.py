@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from sysbench_gpu.attention.segments import TurnText
+from sysbench_gpu.attention.capture.segments import TurnText
 from sysbench_gpu.core.ablation_files import (
     DISTRACTORS_FILE,
     SINGLE_TURN,

@@ -33,11 +33,11 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sysbench_gpu.attention.chunks import DEFAULT_BUDGET_BYTES, plan_chunks
-from sysbench_gpu.attention.kernels import KernelInputs, choose_kernel
-from sysbench_gpu.attention.layer_call import _LayerCall, _span_hull
-from sysbench_gpu.attention.layers import attention_modules, num_layers, resolve_layers
-from sysbench_gpu.attention.span_math import eager_reference_shares, span_share, span_share_given_lse
+from sysbench_gpu.attention.capture.chunks import DEFAULT_BUDGET_BYTES, plan_chunks
+from sysbench_gpu.attention.capture.kernels import KernelInputs, choose_kernel
+from sysbench_gpu.attention.capture.layer_call import _LayerCall, _span_hull
+from sysbench_gpu.attention.capture.layers import attention_modules, num_layers, resolve_layers
+from sysbench_gpu.attention.capture.span_math import eager_reference_shares, span_share, span_share_given_lse
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.modeling.key_bias import apply_key_bias
 from sysbench_gpu.modeling.registry import attention_implementation

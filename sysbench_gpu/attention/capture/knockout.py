@@ -8,28 +8,27 @@ tokens in each, and ``delta = logp_knockout - logp_plain`` (negative: the reply 
 the system text). The control arm does the same with the system text where the control
 places it (inside the first user message), so the two arms differ only in the role.
 
-Rows go to ``knockout.jsonl``, one per session, turn and arm, appended per session and arm;
-a rerun skips the pairs already there.
+Rows go to ``knockout.jsonl`` (``files.knockout_rows``), one per session, turn and arm,
+appended per session and arm; a rerun skips the pairs already there.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from sysbench_gpu.attention import layout as attn_layout
-from sysbench_gpu.attention.conversation import RunConversations
-from sysbench_gpu.attention.layers import num_layers
-from sysbench_gpu.attention.layout import LoadPlan, input_device
-from sysbench_gpu.attention.segments import ConversationLayout, fit_layout
-from sysbench_gpu.attention.store import append_lines, complete_lines, read_manifest
+from sysbench_gpu.attention.capture import layout as attn_layout
+from sysbench_gpu.attention.capture.conversation import RunConversations
+from sysbench_gpu.attention.capture.layers import num_layers
+from sysbench_gpu.attention.capture.layout import LoadPlan, input_device
+from sysbench_gpu.attention.capture.segments import ConversationLayout, fit_layout
+from sysbench_gpu.attention.files.knockout_rows import ARMS, KNOCKOUT_FILE, KnockoutRow, done_pairs
+from sysbench_gpu.attention.files.store import append_lines, read_manifest
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.rundir import write_json_atomic
 from sysbench_gpu.modeling.key_bias import PATH, key_bias
@@ -37,25 +36,7 @@ from sysbench_gpu.modeling.layer_bands import parse_layer_band
 
 log = logging.getLogger(__name__)
 
-KNOCKOUT_FILE = "knockout.jsonl"
 SPANS = ("system",)
-ARMS = ("system", "control")
-
-
-@dataclass(frozen=True)
-class KnockoutRow:
-    system_id: int
-    turn: int
-    arm: str  # system | control
-    reply_span: tuple[int, int]  # [start, end) in the token ids of sessions/<id>.<arm>.npz
-    logp_plain: float | None  # mean log-probability per reply token, plain forward (None: empty reply)
-    logp_knockout: float | None  # the same with the span's keys hidden
-    delta: float | None  # logp_knockout - logp_plain
-
-    def to_json(self) -> str:
-        row = asdict(self)
-        row["reply_span"] = list(self.reply_span)
-        return json.dumps(row)
 
 
 def reply_logps(model: Any, ids: Any, replies: Sequence[tuple[int, int]]) -> list[float | None]:
@@ -91,45 +72,6 @@ def knockout_layout(
     for turn, (start, end), before, after in zip(layout.turn_numbers, layout.replies, plain, knocked, strict=True):
         delta = None if before is None or after is None else after - before
         rows.append(KnockoutRow(system_id, int(turn), arm, (start + offset, end + offset), before, after, delta))
-    return rows
-
-
-def done_pairs(out: Path) -> set[tuple[int, str]]:
-    """(system_id, arm) pairs already in ``knockout.jsonl`` (a session's rows of one arm are one write)."""
-    path = out / KNOCKOUT_FILE
-    if not path.exists():
-        return set()
-    pairs = set()
-    for number, line in complete_lines(path):
-        try:
-            row = json.loads(line)
-            pairs.add((int(row["system_id"]), str(row["arm"])))
-        except (ValueError, KeyError, TypeError) as error:
-            raise SysbenchError(f"{path}: line {number}: not a knockout row ({error})") from None
-    return pairs
-
-
-def read_knockout(out: Path) -> list[KnockoutRow]:
-    path = out / KNOCKOUT_FILE
-    if not path.exists():
-        return []
-    rows = []
-    for number, line in complete_lines(path):
-        try:
-            row = json.loads(line)
-            rows.append(
-                KnockoutRow(
-                    int(row["system_id"]),
-                    int(row["turn"]),
-                    str(row["arm"]),
-                    (int(row["reply_span"][0]), int(row["reply_span"][1])),
-                    row["logp_plain"],
-                    row["logp_knockout"],
-                    row["delta"],
-                )
-            )
-        except (ValueError, KeyError, TypeError, IndexError) as error:
-            raise SysbenchError(f"{path}: line {number}: not a knockout row ({error})") from None
     return rows
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sysbench_gpu.attention.hooks import LayerShares
+from sysbench_gpu.attention.capture.hooks import LayerShares
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.engines.models import resolve_model
 from sysbench_gpu.engines.startup import startup_failure

@@ -3,7 +3,7 @@
 ``measure_sessions`` loads the model as ``layout`` plans it, lays out each session's
 conversation (``conversation``, ``segments``), captures the shares at the chosen layers
 (``hooks``) and writes per session the arrays (``session_arrays``), the shard rows and
-the manifest fields that say how they were made (``store``).
+the manifest fields that say how they were made (``files.store``, ``files.turn_table``).
 """
 
 from __future__ import annotations
@@ -23,12 +23,11 @@ from tqdm import tqdm
 
 # The capture class and the model loader are looked up on their modules at call time
 # (``attn_hooks.AttentionShareCapture``, ``attn_layout.load_model``) so tests can replace them.
-from sysbench_gpu.attention import hooks as attn_hooks
-from sysbench_gpu.attention import layout as attn_layout
-from sysbench_gpu.attention.analysis import turn_row_json, turn_shares
-from sysbench_gpu.attention.conversation import RunConversations, concat_forwards
-from sysbench_gpu.attention.layers import num_layers, resolve_layers
-from sysbench_gpu.attention.layout import (
+from sysbench_gpu.attention.capture import hooks as attn_hooks
+from sysbench_gpu.attention.capture import layout as attn_layout
+from sysbench_gpu.attention.capture.conversation import RunConversations, concat_forwards
+from sysbench_gpu.attention.capture.layers import num_layers, resolve_layers
+from sysbench_gpu.attention.capture.layout import (
     Distributed,
     LoadPlan,
     broadcast_ints,
@@ -37,8 +36,8 @@ from sysbench_gpu.attention.layout import (
     heads_of,
     input_device,
 )
-from sysbench_gpu.attention.segments import CONTROL_JOINER, fit_layout
-from sysbench_gpu.attention.store import (
+from sysbench_gpu.attention.capture.segments import CONTROL_JOINER, fit_layout
+from sysbench_gpu.attention.files.store import (
     append_lines,
     check_settings,
     save_npz_atomic,
@@ -46,6 +45,7 @@ from sysbench_gpu.attention.store import (
     shard_path,
     skip_path,
 )
+from sysbench_gpu.attention.files.turn_table import turn_row_json, turn_shares
 from sysbench_gpu.core.rundir import package_versions, utc_now, write_json_atomic
 
 log = logging.getLogger(__name__)

@@ -1,22 +1,112 @@
-"""The merged per-turn table of an attention output directory (``turn_shares.jsonl``).
+"""The per-turn table of an attention output directory: its rows, as measured and as merged (``turn_shares.jsonl``).
 
-Each rank appends its rows to its own shard as sessions finish (``store``); the merge
-joins the shards and recomputes from the ``.npz`` (``analysis.turn_shares``) every row a
-shard lacks, e.g. one whose line a crash tore.
+Per-token values (for one layer):
+
+* ``share``: attention share of the system text, averaged over heads.
+* ``share_excl_lead``: ``share / (1 - lead share)``: the same with the template's
+  leading tokens (BOS, role header, ...) removed from numerator and denominator, as
+  the paper's figure does (a ratio of head-summed values, as upstream computes it).
+
+A row (``TurnShare``) holds, per turn, their means over the turn's segment (user message
++ reply, template tokens included) and over the reply tokens alone. Each rank appends its
+rows to its own shard as sessions finish (``store``); the merge joins the shards and
+recomputes from the ``.npz`` (``turn_shares``) every row a shard lacks, e.g. one whose
+line a crash tore.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from sysbench_gpu.attention.analysis import (
-    TurnShare,
-    read_turn_table,
-    turn_row_json,
-    turn_shares,
-)
-from sysbench_gpu.attention.store import TURN_TABLE, load_session
+import numpy as np
+
+from sysbench_gpu.attention.files.store import TURN_TABLE, complete_lines, load_session
+from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.jsonio import loads
 from sysbench_gpu.core.rundir import write_bytes_atomic
+
+LEAD, SYSTEM = 0, 1  # span columns in stored shares
+METRICS = ("share", "share_excl_lead", "reply_share", "reply_share_excl_lead")
+
+
+@dataclass
+class TurnShare:
+    system_id: int
+    condition: str
+    layer: int
+    layer_label: str
+    turn: int
+    n_tokens: int
+    n_reply_tokens: int
+    share: float | None
+    share_excl_lead: float | None
+    reply_share: float | None
+    reply_share_excl_lead: float | None
+
+    @property
+    def key(self) -> tuple[int, str, int, int]:
+        return (self.system_id, self.condition, self.layer, self.turn)
+
+
+def token_series(shares: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(share, share_excl_lead) per token from one layer's [T, 2] (lead, system) shares."""
+    shares = shares.astype(np.float64)
+    system, lead = shares[:, SYSTEM], shares[:, LEAD]
+    remaining = np.clip(1.0 - lead, np.finfo(np.float64).tiny, None)
+    return system, system / remaining
+
+
+def _mean(values: np.ndarray) -> float | None:
+    return float(values.mean()) if values.size else None
+
+
+def turn_shares(stored: Mapping[str, Any]) -> list[TurnShare]:
+    """Per-turn rows from one stored session (the arrays written by the attention stage)."""
+    meta = json.loads(str(stored["meta"]))
+    rows: list[TurnShare] = []
+    layers = [int(x) for x in stored["layers"]]
+    labels = meta.get("layer_labels_by_index", {})
+    for layer_position, layer in enumerate(layers):
+        share, share_excl = token_series(np.asarray(stored["shares"][layer_position]))
+        for turn_no, (t0, t1), (r0, r1) in zip(
+            stored["turn_numbers"], stored["turns"], stored["replies"], strict=False
+        ):
+            rows.append(
+                TurnShare(
+                    system_id=int(meta["system_id"]),
+                    condition=meta["condition"],
+                    layer=layer,
+                    layer_label=labels.get(str(layer), f"layer{layer}"),
+                    turn=int(turn_no),
+                    n_tokens=int(t1 - t0),
+                    n_reply_tokens=int(r1 - r0),
+                    share=_mean(share[t0:t1]),
+                    share_excl_lead=_mean(share_excl[t0:t1]),
+                    reply_share=_mean(share[r0:r1]),
+                    reply_share_excl_lead=_mean(share_excl[r0:r1]),
+                )
+            )
+    return rows
+
+
+def read_turn_table(path: Path) -> list[TurnShare]:
+    """Rows of a shard or merged table; an unterminated last line (a write torn by a crash) is left out."""
+    rows = []
+    for number, line in complete_lines(path):
+        row = loads(line, f"{path}: line {number}")
+        try:
+            rows.append(TurnShare(**row))
+        except TypeError as error:
+            raise SysbenchError(f"{path}: line {number} is not a turn-share row ({error})") from None
+    return rows
+
+
+def turn_row_json(row: TurnShare) -> str:
+    return json.dumps(asdict(row), ensure_ascii=False, separators=(",", ":"))
 
 
 def merge_turn_table(out: Path) -> list[TurnShare]:
