@@ -1,7 +1,8 @@
 """Head to head on one engine: upstream's client threads against turn-synchronous generation.
 
-The same N sessions (T turns each), the same model, greedy decoding and every reply forced
-to M tokens (``ignore_eos``), run three ways back to back:
+The same N distinct sessions (T turns each), the same model, greedy decoding and every reply
+forced to M tokens (``ignore_eos``), run three ways back to back, each with the same engine
+settings (one scheduler budget, one dtype, one KV-cache size):
 
 (a) upstream: the benchmark starts a server (``vllm serve``; ``transformers serve`` with
     continuous batching under ``--engine hf``) and K client threads (default 20, as
@@ -11,41 +12,71 @@ to M tokens (``ignore_eos``), run three ways back to back:
 (c) server: ``sysbench-gpu generate --engine openai`` against the same server,
     turn-synchronous, ``--concurrency`` requests in flight (default: all of a turn's).
 
-Times are generation only: (a) from the first request to the last reply, (b) and (c) the
-sum of their engine calls in ``stats.json``; server and engine starts are reported apart.
-Each way must produce the same turns and output tokens; replies may still differ, because
-batched kernels are not bit-invariant, and the share that differs is reported. Then
-``sysbench-gpu profile --threads K`` on run (b) predicts the ratio (a)/(b) from its
-what-ifs, printed beside the measured one.
+Every way is timed from its first request to its last reply: (a) around its threads, (b) and
+(c) around generate's loop (``stats.json``'s ``generation_loop``), so each turn's chat-template
+rendering, token counting and record writes count as they do for a user; server and engine
+starts are reported apart. Each way must produce the same turns and output tokens; replies may
+still differ, because batched kernels are not bit-invariant, and the share that differs is
+reported. Each way's entry holds the settings its engine really ran with (``engine_settings``)
+and where each was read (``engine_settings_source``). Then ``sysbench-gpu profile --threads K``
+on run (b) predicts the ratio (a)/(b) from its what-ifs, printed beside the measured one.
 
-    python kernels_bench/bench_vs_upstream.py                       # vLLM (CPU build here), SmolLM2, 32 x 3 x 32
+    python kernels_bench/bench_vs_upstream.py                       # vLLM (CPU build here), SmolLM2, 200 x 3 x 32
     python kernels_bench/bench_vs_upstream.py --engine hf --json hf.json
     python kernels_bench/bench_vs_upstream.py --model Qwen/Qwen2-72B-Instruct --tensor-parallel-size 4 \\
         --sessions 500 --turns 5 --max-tokens 512 --data ../shared/sysbench/sessions.json
 
-Timings on a shared machine move with its load: compare ratios from one run only.
+Publish a figure only where N >= 10 x K with K = 20, as upstream runs (fewer sessions per
+thread measure a half-empty last wave; fewer threads flatter the turn-synchronous ways); the
+benchmark warns below that and records N, K and the settings in the JSON. Timings on a shared
+machine move with its load: compare ratios from one run only.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import queue
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))  # run from anywhere without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sysbench_gpu.benchmarks.registry import load_dataset  # noqa: E402
+import h2h_settings  # noqa: E402
+from h2h_report import (  # noqa: E402
+    SESSIONS_PER_THREAD,
+    predicted_ratio,
+    print_report,
+    publish_warning,
+    summarize,
+    token_problems,
+)
+from h2h_sessions import AUTO, WrittenSessions, distinct_sessions, write_sessions  # noqa: E402
+from h2h_setup import (  # noqa: E402
+    DEFAULT_THREADS,
+    METHODS,
+    TIMED,
+    Budget,
+    MethodResult,
+    Setup,
+    cache_share,
+    choose_budget,
+    cpu_kv_bytes,
+    runs_on_cpu,
+    transformers_budget_args,
+)
+
+from sysbench_gpu.core.jsonio import read_json  # noqa: E402
 from sysbench_gpu.core.messages import conversation_for_turn  # noqa: E402
 from sysbench_gpu.core.run_stats import read_stats  # noqa: E402
 from sysbench_gpu.core.rundir import RunDir  # noqa: E402
@@ -58,81 +89,27 @@ from sysbench_gpu.engines.server import (  # noqa: E402
     vllm_server_spec,
 )
 
-METHODS = ("upstream", "in_process", "server")
-DEFAULT_THREADS = 20  # upstream's client pool
+# The pieces live in h2h_*.py beside this script; these names are what callers (gpu_check, tests) use.
+__all__ = [
+    "METHODS",
+    "TIMED",
+    "Budget",
+    "MethodResult",
+    "Setup",
+    "WrittenSessions",
+    "choose_budget",
+    "cpu_kv_bytes",
+    "distinct_sessions",
+    "predicted_ratio",
+    "print_report",
+    "publish_warning",
+    "summarize",
+    "three_ways",
+    "token_problems",
+    "write_sessions",
+]
 
-
-@dataclass
-class MethodResult:
-    name: str  # upstream | in_process | server
-    wall_s: float
-    turns: int
-    output_tokens: int
-    prompt_tokens: int
-    cached_prompt_tokens: int | None  # None: the engine did not report prefix-cache hits
-    startup_s: float | None = None  # server ready / engine load, not part of wall_s
-    concurrency: int | None = None
-    replies: dict[tuple[int, int], str] = field(default_factory=dict, repr=False)
-
-    def row(self, upstream_wall_s: float | None) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "wall_s": round(self.wall_s, 3),
-            "output_tokens": self.output_tokens,
-            "turns": self.turns,
-            "output_tok_s": round(self.output_tokens / self.wall_s, 1) if self.wall_s > 0 else None,
-            "ratio_to_upstream": round(upstream_wall_s / self.wall_s, 3) if upstream_wall_s and self.wall_s else None,
-            "prompt_tokens": self.prompt_tokens,
-            "prefix_cache_hit_rate": (
-                round(self.cached_prompt_tokens / self.prompt_tokens, 3)
-                if self.cached_prompt_tokens is not None and self.prompt_tokens
-                else None
-            ),
-            "startup_s": None if self.startup_s is None else round(self.startup_s, 1),
-            "concurrency": self.concurrency,
-        }
-
-
-# ------------------------------------------------------------------ the sessions
-
-
-def write_sessions(source: str, count: int, turns: int, path: Path) -> list[Session]:
-    """``count`` sessions of ``source`` cut to ``turns`` turns (cycled, renumbered), in upstream's schema.
-
-    Every way reads this one file, so the prompts are the same byte for byte.
-    """
-    raw = _raw_sessions(source)
-    usable = [entry for entry in raw if sum(m["role"] == "user" for m in entry["messages"]) >= turns]
-    if not usable:
-        raise SystemExit(f"bench_vs_upstream: no session of {source} has {turns} turns")
-    sessions = []
-    for index in range(count):
-        entry = json.loads(json.dumps(usable[index % len(usable)]))
-        kept, users = [], []
-        for message in entry["messages"]:
-            if message["role"] == "user":
-                if len(users) == turns:
-                    break
-                users.append(message["content"])
-            kept.append(message)
-        entry["messages"] = kept
-        if isinstance(entry.get("prompt_infos"), dict):
-            entry["prompt_infos"] = {
-                user: entry["prompt_infos"][user] for user in users if user in entry["prompt_infos"]
-            }
-        entry["system_id"] = index + 1
-        sessions.append(entry)
-    path.write_text(json.dumps(sessions, ensure_ascii=False, indent=1), encoding="utf-8")
-    return load_dataset(str(path)).sessions
-
-
-def _raw_sessions(source: str) -> list[dict[str, Any]]:
-    if source == "demo":
-        source = str(REPO_ROOT / "sysbench_gpu" / "demo" / "demo_sessions.json")
-    data = json.loads(Path(source).read_text(encoding="utf-8"))
-    if not isinstance(data, list):
-        raise SystemExit(f"bench_vs_upstream: {source}: expected upstream's list of sessions")
-    return data
+DEFAULT_SESSIONS = SESSIONS_PER_THREAD * DEFAULT_THREADS  # the smallest N the publishing rule allows at K = 20
 
 
 # ------------------------------------------------------------------ (a) upstream's method
@@ -147,15 +124,28 @@ def run_upstream(
     threads: int,
     extra_body: dict[str, Any],
 ) -> MethodResult:
-    """K threads; each runs one session's turns in order on its own history, then the next session."""
+    """K threads; each runs one session's turns in order on its own history, then the next session.
+
+    The threads are daemons that the main thread only waits for: Ctrl-C raises here at once,
+    the caller stops the server, and a thread's request in flight fails with it (nothing waits
+    for the sessions still running, as a ``ThreadPoolExecutor`` would).
+    """
     import openai
 
     client = openai.OpenAI(base_url=base_url, api_key="EMPTY", max_retries=2, timeout=3600)
+    stop = threading.Event()
+    pending: queue.SimpleQueue[tuple[int, Session]] = queue.SimpleQueue()
+    for index, session in enumerate(sessions):
+        pending.put((index, session))
+    results: dict[int, list[tuple[int, str, Any]]] = {}
+    errors: list[BaseException] = []
 
     def one_session(session: Session) -> list[tuple[int, str, Any]]:
         replies: dict[int, str] = {}
         out = []
         for turn in range(1, turns + 1):
+            if stop.is_set():
+                break
             response = client.chat.completions.create(
                 model=served_model,
                 messages=[dict(m) for m in conversation_for_turn(session, turn, replies)],
@@ -167,13 +157,39 @@ def run_upstream(
             out.append((turn, replies[turn], response.usage))
         return out
 
+    def worker() -> None:
+        while not stop.is_set():
+            try:
+                index, session = pending.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                results[index] = one_session(session)
+            except BaseException as error:  # noqa: BLE001 (reported by the main thread)
+                errors.append(error)
+                stop.set()
+                return
+
+    pool = [
+        threading.Thread(target=worker, name=f"upstream-{n}", daemon=True) for n in range(min(threads, len(sessions)))
+    ]
     started = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="upstream") as pool:
-        results = list(pool.map(one_session, sessions))
+    try:
+        for thread in pool:
+            thread.start()
+        for thread in pool:
+            while thread.is_alive():
+                thread.join(timeout=0.2)
+    except BaseException:
+        stop.set()  # no thread takes another session; the ones in flight die with the server
+        raise
     wall = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    client.close()
     result = MethodResult("upstream", wall, 0, 0, 0, None, concurrency=threads)
-    for session, session_turns in zip(sessions, results, strict=True):
-        for turn, text, usage in session_turns:
+    for index, session in enumerate(sessions):
+        for turn, text, usage in results.get(index, []):
             result.turns += 1
             result.replies[(session.system_id, turn)] = text
             result.output_tokens += getattr(usage, "completion_tokens", 0) or 0
@@ -182,7 +198,6 @@ def run_upstream(
             cached = getattr(details, "cached_tokens", None) if details is not None else None
             if cached is not None:
                 result.cached_prompt_tokens = (result.cached_prompt_tokens or 0) + cached
-    client.close()
     return result
 
 
@@ -206,10 +221,16 @@ def run_generate(name: str, arguments: Sequence[str], run_dir: Path, log_path: P
 
 
 def read_generated(name: str, run_dir: Path, total_s: float | None = None) -> MethodResult:
-    """A generated run's totals: wall = the sum of its engine calls (stats.json)."""
-    calls = read_stats(run_dir / "stats.json")["calls"]
-    wall = sum(call.get("wall_s") or 0.0 for call in calls)
+    """A generated run's totals: wall = its generation loop (``stats.json``), first request to last reply."""
+    stats_path = run_dir / "stats.json"
+    stats = read_stats(stats_path)
+    loop = stats.get("generation_loop")
+    if not isinstance(loop, dict) or not isinstance(loop.get("wall_s"), (int, float)):
+        raise SystemExit(f"bench_vs_upstream: {stats_path}: no generation_loop.wall_s (a generate before issue 30?)")
+    wall = float(loop["wall_s"])
+    calls = sum(call.get("wall_s") or 0.0 for call in stats["calls"])
     result = MethodResult(name, wall, 0, 0, 0, None, startup_s=None if total_s is None else total_s - wall)
+    result.engine_calls_s = calls
     for key, record in sorted(RunDir(run_dir).generations.read().items()):
         if record.status != "ok":
             continue
@@ -239,19 +260,6 @@ def profile_prediction(run_dir: Path, threads: int, device_spec: str | None, log
     return predicted_ratio(json.loads(completed.stdout), threads, device_spec)
 
 
-def predicted_ratio(profile: dict[str, Any], threads: int, device_spec: str | None = None) -> dict[str, Any]:
-    """From ``profile.json``: the bound of K client threads over the turn-synchronous bound."""
-    by_name = {what_if["name"]: what_if for what_if in profile.get("what_if", [])}
-    turn_sync = by_name.get("turn-synchronous", {}).get("bound_s")
-    threaded = by_name.get(f"{threads} client threads", {}).get("bound_s")
-    return {
-        "device_spec": device_spec or "profile's default",
-        "turn_synchronous_bound_s": turn_sync,
-        "client_threads_bound_s": threaded,
-        "predicted_ratio": round(threaded / turn_sync, 3) if turn_sync and threaded else None,
-    }
-
-
 def measured_cpu_spec(setup: Setup, work_dir: Path) -> str | None:
     """On a CPU, this machine's measured FLOP/s and bandwidth (measure_cpu_spec.py) for the profile.
 
@@ -272,78 +280,37 @@ def measured_cpu_spec(setup: Setup, work_dir: Path) -> str | None:
     return str(out)
 
 
-# ------------------------------------------------------------------ the three ways
-
-
-@dataclass
-class Setup:
-    engine: str  # vllm | hf
-    model: str  # as given (name or path): what (b) loads
-    model_path: str  # the folder the server loads
-    sessions: list[Session]
-    data_file: Path
-    turns: int
-    max_tokens: int
-    threads: int
-    server_concurrency: int
-    work_dir: Path
-    tensor_parallel_size: int = 1
-    device: str | None = None  # hf
-    dtype: str | None = None
-    ready_timeout_s: float = 900.0
-    methods: tuple[str, ...] = METHODS
+# ------------------------------------------------------------------ the settings, chosen once
 
 
 def server_spec(setup: Setup) -> ServerSpec:
+    budget = setup.budget
+    assert budget is not None
     if setup.engine == "vllm":
-        env = {}
-        if runs_on_cpu(setup) and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, cpu_kv_bytes(setup.model_path) // GIB))
         return vllm_server_spec(
-            setup.model_path, "bench-model", tensor_parallel_size=setup.tensor_parallel_size, env=env
+            setup.model_path,
+            "bench-model",
+            tensor_parallel_size=setup.tensor_parallel_size,
+            dtype=budget.dtype,
+            max_num_batched_tokens=budget.max_num_batched_tokens,
+            max_num_seqs=budget.max_num_seqs,
+            kv_cache_memory_bytes=budget.kv_cache_memory_bytes,
         )
-    extra: list[str] = []
-    if runs_on_cpu(setup):
-        # Its paged cache takes 0.9 of the machine's free RAM by default on a CPU (sized as if it were
-        # a GPU's memory): give it the KV cache the in-process engines would take instead.
-        import psutil
-
-        share = cpu_kv_bytes(setup.model_path) / psutil.virtual_memory().total
-        extra = ["--cb-max-memory-percent", f"{min(0.9, max(0.01, share)):.3f}"]
     return transformers_server_spec(
-        setup.model_path, device=setup.device or "auto", dtype=setup.dtype or "auto", extra_args=extra
+        setup.model_path,
+        device=setup.device or "auto",
+        dtype=budget.dtype or "auto",
+        extra_args=transformers_budget_args(budget, host_memory_bytes(setup)),
     )
 
 
-GIB = 1 << 30
+def host_memory_bytes(setup: Setup) -> int | None:
+    """The memory transformers serve's cache share is taken of, where it is this machine's RAM (a CPU)."""
+    if not runs_on_cpu(setup):
+        return None  # on a GPU its default share applies; --kv-cache-memory-bytes is not passed on
+    import psutil
 
-
-def runs_on_cpu(setup: Setup) -> bool:
-    """Whether the engine runs on the CPU: vLLM's CPU build, or hf on ``--device cpu`` (or no GPU)."""
-    if setup.engine == "vllm":
-        from sysbench_gpu.engines.vllm_memory import on_cpu_platform
-
-        return on_cpu_platform()
-    if setup.device is not None:
-        return setup.device.startswith("cpu")
-    import torch
-
-    return not torch.cuda.is_available()
-
-
-def cpu_kv_bytes(model_path: str) -> int:
-    """The KV cache the vllm engine would size on this CPU (engines.vllm_memory): a fixed share of RAM fails."""
-    from sysbench_gpu.engines.vllm_memory import plan_memory, read_node_memory, weights_bytes
-
-    plan = plan_memory(
-        on_cpu=True,
-        gpu_memory_utilization=None,
-        kv_cache_memory_bytes=None,
-        environ={},
-        node=read_node_memory(),
-        weights_bytes=weights_bytes(model_path),
-    )
-    return int(plan.engine_args["kv_cache_memory_bytes"])
+    return int(psutil.virtual_memory().total)
 
 
 def forced_length_body(engine: str, max_tokens: int) -> dict[str, Any]:
@@ -366,6 +333,9 @@ def generate_arguments(setup: Setup) -> list[str]:
     ]
 
 
+# ------------------------------------------------------------------ the three ways
+
+
 def three_ways(setup: Setup) -> list[MethodResult]:
     """The selected ways, back to back, each on a freshly started server or engine.
 
@@ -373,6 +343,8 @@ def three_ways(setup: Setup) -> list[MethodResult]:
     other's prompts in its prefix cache; no way is warmed up, so each pays its engine's
     first batch as a user would.
     """
+    if setup.budget is None:
+        setup.budget = choose_budget(setup)
     log_path = setup.work_dir / "bench.log"
     body = forced_length_body(setup.engine, setup.max_tokens)
     results: list[MethodResult] = []
@@ -381,9 +353,8 @@ def three_ways(setup: Setup) -> list[MethodResult]:
             results.append(_announce(run_in_process(setup, log_path)))
             continue
         spec = server_spec(setup)
-        with ManagedServer(
-            spec, setup.work_dir / f"server-{name}.log", ready_timeout_s=setup.ready_timeout_s
-        ) as server:
+        server_log = setup.work_dir / f"server-{name}.log"
+        with ManagedServer(spec, server_log, ready_timeout_s=setup.ready_timeout_s) as server:
             print(f"{spec.name} for {name} ready in {server.ready_s:.1f} s at {server.base_url}", flush=True)
             if name == "upstream":
                 result = run_upstream(
@@ -398,8 +369,33 @@ def three_ways(setup: Setup) -> list[MethodResult]:
             else:
                 result = run_through_server(setup, server.base_url, spec.served_model, body, log_path)
             result.startup_s = server.ready_s
+            metrics = fetch_metrics(server.root_url) if setup.engine == "vllm" else None
+        result.engine_settings, result.engine_settings_source = server_settings(setup, server_log, metrics)
         results.append(_announce(result))
     return results
+
+
+def fetch_metrics(root_url: str) -> str | None:
+    """The server's Prometheus metrics (vLLM exposes its cache config there), or None."""
+    try:
+        with urllib.request.urlopen(root_url + "/metrics", timeout=10) as response:  # noqa: S310 (our loopback server)
+            return response.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def server_settings(setup: Setup, log_path: Path, metrics: str | None) -> tuple[dict[str, Any], dict[str, str]]:
+    if setup.engine == "vllm":
+        return h2h_settings.vllm_server_settings(h2h_settings.read_text(log_path), metrics)
+    budget = setup.budget
+    assert budget is not None
+    requested = {
+        "dtype": budget.dtype,
+        "enable_prefix_caching": True,
+        "max_num_batched_tokens": budget.max_num_batched_tokens,
+        "cache_share": cache_share(budget, host_memory_bytes(setup)),
+    }
+    return h2h_settings.transformers_server_settings(requested)
 
 
 def run_through_server(
@@ -427,19 +423,40 @@ def run_through_server(
     return result
 
 
-def run_in_process(setup: Setup, log_path: Path) -> MethodResult:
-    """(b): ``generate --engine vllm|hf``, every session's turn in one engine call."""
+def in_process_arguments(setup: Setup) -> list[str]:
+    """(b)'s ``generate`` flags: the same budget, KV size and dtype as the server ways."""
+    budget = setup.budget
+    assert budget is not None
     arguments = [*generate_arguments(setup), "--engine", setup.engine, "--model", setup.model, "--ignore-eos"]
-    if setup.engine == "vllm" and setup.tensor_parallel_size > 1:
-        arguments += ["--tensor-parallel-size", str(setup.tensor_parallel_size)]
-    if setup.engine == "hf":
-        arguments += ["--batch-size", str(len(setup.sessions))]
+    if setup.engine == "vllm":
+        arguments += [
+            "--max-num-batched-tokens",
+            str(budget.max_num_batched_tokens),
+            "--max-num-seqs",
+            str(budget.max_num_seqs),
+        ]
+        if budget.kv_cache_memory_bytes is not None:
+            arguments += ["--kv-cache-memory-bytes", str(budget.kv_cache_memory_bytes)]
+        if setup.tensor_parallel_size > 1:
+            arguments += ["--tensor-parallel-size", str(setup.tensor_parallel_size)]
+    else:
+        # Static generate() batches have no token budget; the sequence cap is the batch size.
+        arguments += ["--batch-size", str(min(budget.max_num_seqs, len(setup.sessions)))]
         if setup.device:
             arguments += ["--device", setup.device]
-    if setup.dtype:
-        arguments += ["--dtype", setup.dtype]
-    result = run_generate("in_process", arguments, setup.work_dir / "run-in-process", log_path)
+    if budget.dtype:
+        arguments += ["--dtype", budget.dtype]
+    return arguments
+
+
+def run_in_process(setup: Setup, log_path: Path) -> MethodResult:
+    """(b): ``generate --engine vllm|hf``, every session's turn in one engine call."""
+    run_dir = setup.work_dir / "run-in-process"
+    result = run_generate("in_process", in_process_arguments(setup), run_dir, log_path)
     result.concurrency = len(setup.sessions)
+    manifest = read_json(run_dir / "manifest.json", expect=dict)
+    read = h2h_settings.vllm_engine_settings if setup.engine == "vllm" else h2h_settings.hf_engine_settings
+    result.engine_settings, result.engine_settings_source = read(manifest)
     return result
 
 
@@ -451,80 +468,6 @@ def _announce(result: MethodResult) -> MethodResult:
     return result
 
 
-def summarize(setup: Setup, results: Sequence[MethodResult], prediction: dict[str, Any] | None) -> dict[str, Any]:
-    """The JSON report; ``checks`` says whether every way decoded the same turns and tokens."""
-    by_name = {r.name: r for r in results}
-    upstream = by_name.get("upstream")
-    rows = [r.row(upstream.wall_s if upstream else None) for r in results]
-    expected_turns = len(setup.sessions) * setup.turns
-    expected_tokens = expected_turns * setup.max_tokens
-    problems = [
-        f"{r.name}: {r.turns} turns and {r.output_tokens} output tokens, expected {expected_turns} and "
-        f"{expected_tokens}"
-        for r in results
-        if r.turns != expected_turns or r.output_tokens != expected_tokens
-    ]
-    differing: dict[str, float | None] = {}
-    if upstream is not None:
-        for r in results:
-            if r is upstream:
-                continue
-            keys = set(upstream.replies) & set(r.replies)
-            same = sum(upstream.replies[k] == r.replies[k] for k in keys)
-            differing[r.name] = round(1 - same / len(keys), 3) if keys else None
-    in_process = by_name.get("in_process")
-    measured = round(upstream.wall_s / in_process.wall_s, 3) if upstream and in_process and in_process.wall_s else None
-    predicted = (prediction or {}).get("predicted_ratio")
-    return {
-        "engine": setup.engine,
-        "model": setup.model,
-        "sessions": len(setup.sessions),
-        "turns": setup.turns,
-        "max_tokens": setup.max_tokens,
-        "threads": setup.threads,
-        "server_concurrency": setup.server_concurrency,
-        "tensor_parallel_size": setup.tensor_parallel_size,
-        "methods": rows,
-        "checks": {"same_turns_and_tokens": not problems, "problems": problems},
-        "replies_differing_from_upstream": differing,
-        "measured_ratio": measured,
-        "profile_predicted_ratio": predicted,
-        "profile_relative_error": round((predicted - measured) / measured, 3) if predicted and measured else None,
-        "profile": prediction,
-        "load_average": round(os.getloadavg()[0], 2),
-    }
-
-
-def print_report(report: dict[str, Any]) -> None:
-    print(
-        f"\nengine {report['engine']}, model {report['model']}: {report['sessions']} sessions x {report['turns']} "
-        f"turns x {report['max_tokens']} tokens, {report['threads']} upstream threads"
-    )
-    print(f"{'method':<12}{'wall s':>9}{'turns':>7}{'out tokens':>11}{'tok/s':>9}{'x upstream':>11}{'cache hit':>10}")
-    for row in report["methods"]:
-        ratio = "-" if row["ratio_to_upstream"] is None else f"{row['ratio_to_upstream']:.2f}"
-        hits = "-" if row["prefix_cache_hit_rate"] is None else f"{row['prefix_cache_hit_rate']:.0%}"
-        print(
-            f"{row['name']:<12}{row['wall_s']:>9.2f}{row['turns']:>7}{row['output_tokens']:>11}"
-            f"{row['output_tok_s'] or 0:>9.1f}{ratio:>11}{hits:>10}"
-        )
-    checks = report["checks"]
-    print(
-        "same turns and output tokens: " + ("yes" if checks["same_turns_and_tokens"] else "; ".join(checks["problems"]))
-    )
-    for name, share in report["replies_differing_from_upstream"].items():
-        if share is not None:
-            print(f"replies of {name} differing from upstream's: {share:.0%}")
-    if report["measured_ratio"] is not None:
-        predicted = report["profile_predicted_ratio"]
-        error = report["profile_relative_error"]
-        print(
-            f"upstream / in_process: measured {report['measured_ratio']:.2f}x, profile predicted "
-            + ("-" if predicted is None else f"{predicted:.2f}x")
-            + ("" if error is None else f" (error {error:+.0%})")
-        )
-
-
 # ------------------------------------------------------------------ command line
 
 
@@ -534,15 +477,35 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--engine", choices=("vllm", "hf"), default="vllm")
     parser.add_argument("--model", default="smollm2", help="model name or folder (default: the embedded SmolLM2)")
-    parser.add_argument("--data", default="demo", help="sessions file in upstream's schema (default: the demo set)")
-    parser.add_argument("--sessions", type=int, default=32)
+    parser.add_argument(
+        "--data",
+        default=AUTO,
+        help="sessions in upstream's schema: a file, 'demo', or 'auto' (default): SysBench's own file where found "
+        "offline (../shared/sysbench/sessions.json, data/system_benchmark_eval_datas.json), else the demo set",
+    )
+    parser.add_argument("--sessions", type=int, default=DEFAULT_SESSIONS, help=f"N (default {DEFAULT_SESSIONS})")
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="upstream's client threads")
+    parser.add_argument("--seed", type=int, default=0, help="the sessions' shuffle (upstream shuffles unseeded)")
+    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="upstream's client threads, K")
     parser.add_argument("--server-concurrency", type=int, help="(c)'s requests in flight (default: all of a turn's)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        help="every way's token budget per forward (default: vllm serve's on this device)",
+    )
+    parser.add_argument(
+        "--max-num-seqs", type=int, help="every way's sequences at once (default: vllm serve's on this device)"
+    )
+    parser.add_argument(
+        "--kv-cache-memory-bytes",
+        type=int,
+        help="every way's KV cache (default: on a CPU, what the vllm engine sizes from free memory; on a GPU, "
+        "each engine's default share); transformers serve gets it as a share of the RAM, on a CPU only",
+    )
     parser.add_argument("--device", help="hf: cpu, cuda (default: cuda when available)")
-    parser.add_argument("--dtype", help="float32, bfloat16, ... (default: the engine's)")
+    parser.add_argument("--dtype", help="float32, bfloat16, ... for every way (default: vLLM's auto; hf's default)")
     parser.add_argument("--methods", default=",".join(METHODS), help="which ways to run, comma-separated")
     parser.add_argument(
         "--device-spec",
@@ -554,6 +517,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     for name in ("sessions", "turns", "max_tokens", "threads", "tensor_parallel_size"):
         if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("max_num_batched_tokens", "max_num_seqs", "kv_cache_memory_bytes"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     unknown = [m for m in args.methods.split(",") if m not in METHODS]
     if unknown:
@@ -567,7 +533,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work_dir = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-vs-upstream-"))
     work_dir.mkdir(parents=True, exist_ok=True)
-    sessions = write_sessions(args.data, args.sessions, args.turns, work_dir / "sessions.json")
+    written = write_sessions(args.data, args.sessions, args.turns, work_dir / "sessions.json", seed=args.seed)
+    sessions = written.sessions
     setup = Setup(
         engine=args.engine,
         model=args.model,
@@ -584,12 +551,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         dtype=args.dtype,
         ready_timeout_s=args.ready_timeout,
         methods=tuple(m for m in METHODS if m in args.methods.split(",")),
+        data=written.data,
     )
+    setup.budget = choose_budget(setup, args.max_num_batched_tokens, args.max_num_seqs, args.kv_cache_memory_bytes)
     print(
-        f"{len(sessions)} sessions x {args.turns} turns x {args.max_tokens} tokens on {args.engine}, "
-        f"model {args.model}; logs and runs in {work_dir}",
+        f"{len(sessions)} sessions ({written.distinct} distinct, {written.data['source']} data, seed {args.seed}) x "
+        f"{args.turns} turns x {args.max_tokens} tokens on {args.engine}, model {args.model}; logs and runs in "
+        f"{work_dir}",
         flush=True,
     )
+    warning = publish_warning(len(sessions), args.threads)
+    if warning:
+        print(warning, flush=True)
     try:
         results = three_ways(setup)
     except KeyboardInterrupt:

@@ -16,13 +16,19 @@
 4. measures hf-engine generation turn-synchronously against one session at a time on
    the same models (``bench_turn_sync.compare``), every reply forced to the same length;
 5. runs the head to head of ``bench_vs_upstream.py`` on the hf engine with each model
-   (``--h2h-layers`` of its layers, saved to a temporary folder): (a) upstream's client
-   threads against ``transformers serve`` (continuous batching), (b) ``generate --engine hf``
-   in process, (c) ``generate --engine openai`` against the same server. Where
+   (``--h2h-layers`` of its layers, saved to a temporary folder; distinct sessions, shuffled
+   with ``--seed``): (a) upstream's client threads against ``transformers serve`` (continuous
+   batching), (b) ``generate --engine hf`` in process, (c) ``generate --engine openai``
+   against the same server. These are two engines, not one: (a) and (c) run transformers'
+   continuous batching with its paged cache, (b) static ``generate()`` batches, so the ratio
+   (a)/(b) mixes the engine with the schedule (the row says so in ``engines``). Where
    ``transformers serve`` cannot run (its serving extras, ``transformers[serving]``, are
    missing), it says so in one line and runs (b) alone;
-6. prints a table and, with ``--json``, writes ``attention``, ``generation`` and
-   ``head_to_head`` row lists with the device, the torch version and the configurations used.
+6. checks that every way of steps 4 and 5 decoded the same turns and output tokens (every
+   reply forced to ``--max-tokens``), prints the check and exits 1 where it fails;
+7. prints a table and, with ``--json``, writes ``attention``, ``generation`` and
+   ``head_to_head`` row lists and ``token_check`` with the device, the torch version and the
+   configurations used.
 
 Nothing is downloaded: the models are random, and the tokenizer is a small byte-level
 BPE trained in memory on the packaged demo sessions (token ids beyond its vocabulary
@@ -114,6 +120,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--h2h-layers", type=int, default=8, help="head to head: layers of the model (default 8; full width)"
     )
     parser.add_argument("--threads", type=int, default=20, help="head to head: upstream's client threads (default 20)")
+    parser.add_argument("--seed", type=int, default=0, help="head to head: the sessions' shuffle (default 0)")
     parser.add_argument(
         "--attention-measure",
         default=DEFAULT_MEASURE,
@@ -405,11 +412,13 @@ def head_to_head(
     if not available:
         print(f"gpu_check: head to head runs (b) in process alone: {why}", flush=True)
     dtype_name = str(dtype).replace("torch.", "")
+    written = write_sessions("demo", sessions_count, turns, work / "sessions.json", seed=args.seed)
     setup = Setup(
         engine="hf",
         model=str(model_dir),
         model_path=str(model_dir),
-        sessions=write_sessions("demo", sessions_count, turns, work / "sessions.json"),
+        sessions=written.sessions,
+        data=written.data,
         data_file=work / "sessions.json",
         turns=turns,
         max_tokens=max_tokens,
@@ -433,7 +442,30 @@ def head_to_head(
         "engine": "hf",
         "server": "transformers serve --continuous-batching" if available else None,
         "serve_missing": why or None,
+        "engines": HF_ENGINES,
     }
+
+
+# The hf head to head compares two engines, not two schedules on one engine.
+HF_ENGINES = {
+    "upstream": "transformers serve --continuous-batching (paged KV cache, requests join and leave every step)",
+    "in_process": "transformers generate() (static padded batches, a new cache per call)",
+    "server": "transformers serve --continuous-batching (paged KV cache, requests join and leave every step)",
+}
+
+
+def token_check(report: dict[str, Any]) -> list[str]:
+    """Every way of the generation comparison and the head to head that did not decode N x T x M tokens."""
+    problems = []
+    for row in report["generation"]:
+        expected = row["sessions"] * row["turns"] * row["max_tokens"]
+        if row["output_tokens"] != expected:
+            problems.append(
+                f"{row['model']} generation: {row['output_tokens']} output tokens in each mode, expected {expected}"
+            )
+    for row in report["head_to_head"]:
+        problems += [f"{row['model']} head to head: {problem}" for problem in row["checks"]["problems"]]
+    return problems
 
 
 def device_spec_name(device: str) -> str | None:
@@ -495,7 +527,10 @@ def print_tables(report: dict[str, Any]) -> None:
 def print_head_to_head(report: dict[str, Any]) -> None:
     if not report.get("head_to_head"):
         return
-    print("\nhead to head on the hf engine: (a) upstream's threads vs transformers serve, (b) in process, (c) server")
+    print(
+        "\nhead to head on hf, two engines: (a) upstream's threads and (c) generate through transformers serve's "
+        "continuous batching, (b) generate in process with static generate() batches"
+    )
     print(f"{'model':<14}{'method':<12}{'wall s':>9}{'tokens':>8}{'tok/s':>9}{'x (a)':>8}")
     for row in report["head_to_head"]:
         for method in row["methods"]:
@@ -521,10 +556,17 @@ def main(argv: list[str] | None = None) -> int:
     report["wall_s"] = round(time.perf_counter() - started, 1)
     print_tables(report)
     print_head_to_head(report)
+    problems = token_check(report)
+    report["token_check"] = {"ok": not problems, "problems": problems}
+    ways = sum(len(row["methods"]) for row in report["head_to_head"]) + 2 * len(report["generation"])
+    if problems:
+        print("\ntoken check FAILED: " + "; ".join(problems))
+    else:
+        print(f"\ntoken check: every way ({ways} in all) decoded the same turns and output tokens")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
         print(f"\nwrote {args.json}")
-    failed = report["gpu_tests"].get("status") == "failed"
+    failed = report["gpu_tests"].get("status") == "failed" or bool(problems)
     return 1 if failed else 0
 
 

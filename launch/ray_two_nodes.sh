@@ -12,9 +12,12 @@
 # the environment of the node's Ray daemon, not of the shell that runs `generate`):
 #   VLLM_HOST_IP        this node's own address on the cluster network; different on every
 #                       node; vLLM uses it to reach the node's workers.
-#   NCCL_SOCKET_IFNAME  network interface NCCL uses between nodes (e.g. eth0, ens5, ib0);
-#                       set it when a node has several and NCCL picks a wrong one (hangs).
-#   GLOO_SOCKET_IFNAME  the same for Gloo (vLLM's CPU-side process groups).
+#   IFNAME              the cluster network interface (e.g. eth0, ens5, ib0): when given, it
+#                       sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME (unless those are set
+#                       themselves). Give it when a node has several interfaces and NCCL
+#                       picks a wrong one (hangs); left out, NCCL and Gloo choose.
+#   NCCL_SOCKET_IFNAME  network interface NCCL uses between nodes; overrides IFNAME.
+#   GLOO_SOCKET_IFNAME  the same for Gloo (vLLM's CPU-side process groups); overrides IFNAME.
 #   NCCL_IB_HCA         InfiniBand adapters to use (e.g. mlx5), where there is InfiniBand.
 #   NCCL_DEBUG=INFO     prints which transport NCCL picked ("via NET/IB" is good; "via
 #                       NET/Socket" means plain TCP, slow for pipeline hand-offs).
@@ -28,7 +31,7 @@ ROLE="${1:?usage: $0 head|worker}"
 HEAD_IP="${HEAD_IP:?set HEAD_IP to node A's cluster address}"
 NODE_IP="${NODE_IP:?set NODE_IP to this node's cluster address}"
 RAY_PORT="${RAY_PORT:-6379}"
-IFNAME="${IFNAME:-eth0}"                          # the cluster network interface on this node
+IFNAME="${IFNAME:-}"                              # the cluster network interface on this node, if given
 GPUS_PER_NODE="${GPUS_PER_NODE:-4}"
 NODES=2
 
@@ -38,8 +41,15 @@ OUT="${OUT:-runs/qwen2-72b-instruct-ray}"
 GPU_MEM="${GPU_MEM:-0.90}"
 
 export VLLM_HOST_IP="$NODE_IP"
-export NCCL_SOCKET_IFNAME="$IFNAME"
-export GLOO_SOCKET_IFNAME="$IFNAME"
+# Only when given: a fixed default (eth0) kills the run on nodes whose interface has another name.
+if [ -n "$IFNAME" ]; then
+  if ! [ -e "/sys/class/net/$IFNAME" ]; then
+    echo "$0: IFNAME=$IFNAME is not a network interface on this node (have: $(ls /sys/class/net | tr '\n' ' '))" >&2
+    exit 2
+  fi
+  export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-$IFNAME}"
+  export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-$IFNAME}"
+fi
 
 case "$ROLE" in
   head)

@@ -73,6 +73,17 @@ class EchoBackend:
 ECHO = "test_engine_vllm:EchoBackend"
 
 
+class RecordingBackend(EchoBackend):
+    """Reports the options the engine built it with."""
+
+    def __init__(self, model: str, **options: Any) -> None:
+        super().__init__(model)
+        self.options = options
+
+    def runtime_info(self) -> dict[str, Any]:
+        return {**super().runtime_info(), "options": self.options}
+
+
 def session(system: str, *turns: str) -> list[dict[str, str]]:
     messages = [{"role": "system", "content": system}]
     for index, user in enumerate(turns):
@@ -117,6 +128,70 @@ def test_invalid_layouts_are_refused_before_loading() -> None:
         VLLMEngine("m", tensor_parallel_size=0)
     with pytest.raises(SysbenchError, match="gpu_memory_utilization"):
         VLLMEngine("m", gpu_memory_utilization=1.5)
+
+
+def test_the_scheduler_budget_reaches_the_engine_and_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    engine = VLLMEngine(
+        "m",
+        max_num_batched_tokens=2048,
+        max_num_seqs=128,
+        kv_cache_memory_bytes=1 << 30,
+        replica_factory="test_engine_vllm:RecordingBackend",
+    )
+    described = engine.describe()
+    assert described["max_num_batched_tokens"] == 2048 and described["max_num_seqs"] == 128
+    options = described["options"]
+    assert (options["max_num_batched_tokens"], options["max_num_seqs"], options["kv_cache_memory_bytes"]) == (
+        2048,
+        128,
+        1 << 30,
+    )
+    with pytest.raises(SysbenchError, match="max_num_seqs must be >= 1, got 0"):
+        VLLMEngine("m", max_num_seqs=0, replica_factory=ECHO)
+
+
+def test_engine_config_reads_what_vllm_resolved() -> None:
+    from types import SimpleNamespace
+
+    from sysbench_gpu.engines.vllm_engine import engine_config
+
+    config = SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=2048, max_num_seqs=128, enable_chunked_prefill=True),
+        cache_config=SimpleNamespace(
+            enable_prefix_caching=True,
+            kv_cache_memory_bytes=1 << 30,
+            kv_cache_size_tokens=46592,
+            num_gpu_blocks=364,
+            block_size=128,
+            cache_dtype="auto",
+        ),
+        model_config=SimpleNamespace(dtype="torch.bfloat16", max_model_len=8192),
+    )
+    found = engine_config(SimpleNamespace(llm_engine=SimpleNamespace(vllm_config=config)))
+    assert found["max_num_batched_tokens"] == 2048 and found["max_num_seqs"] == 128
+    assert found["dtype"] == "bfloat16" and found["kv_cache_size_tokens"] == 46592
+    assert engine_config(SimpleNamespace())["max_num_seqs"] is None  # an older vLLM without the field
+
+
+def test_generate_takes_the_budget_flags_for_vllm_only() -> None:
+    import argparse
+
+    from sysbench_gpu.generation.cli import engine_options_from_args, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    common = ["generate", "--data", "demo", "--model", "m", "--out", "o"]
+    budget = ["--max-num-batched-tokens", "2048", "--max-num-seqs", "128", "--kv-cache-memory-bytes", "1024"]
+    args = parser.parse_args([*common, "--engine", "vllm", *budget])
+    assert engine_options_from_args("vllm", args) == {
+        "max_num_batched_tokens": 2048,
+        "max_num_seqs": 128,
+        "kv_cache_memory_bytes": 1024,
+    }
+    args = parser.parse_args([*common, "--engine", "hf", "--max-num-seqs", "8"])
+    with pytest.raises(SysbenchError, match="--max-num-seqs is a flag of the vllm engine"):
+        engine_options_from_args("hf", args)
 
 
 def test_external_launcher_rank_decides_the_primary(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -105,7 +105,15 @@ def test_gpu_check_quick_on_cpu_writes_attention_and_generation_rows(tmp_path: P
         assert row["checks"]["same_turns_and_tokens"] is True
         assert all(m["output_tokens"] == row["sessions"] * row["turns"] * row["max_tokens"] for m in row["methods"])
         assert row["measured_ratio"] > 0
-    assert "head to head on the hf engine" in result.stdout
+    assert "head to head on hf, two engines" in result.stdout
+    assert "token check: every way" in result.stdout and report["token_check"] == {"ok": True, "problems": []}
+    for row in head_to_head:
+        assert row["sessions"] == row["distinct_sessions"] and set(row["engines"]) == {
+            "upstream",
+            "in_process",
+            "server",
+        }
+        assert all(m["timed"] == "first request to last reply" for m in row["methods"])
 
 
 def test_a_measure_without_the_contract_is_refused_clearly() -> None:
@@ -170,3 +178,58 @@ def test_head_to_head_without_transformers_serve_says_so_and_runs_in_process_alo
     assert row["serve_missing"] and row["server"] is None and row["engine"] == "hf"
     assert [m["name"] for m in row["methods"]] == ["in_process"]
     assert row["methods"][0]["output_tokens"] == 2 * 1 * 2 and row["measured_ratio"] is None
+    assert (
+        row["sessions"] == row["distinct_sessions"] == 2 and row["methods"][0]["timed"] == "first request to last reply"
+    )
+    settings = row["methods"][0]["engine_settings"]
+    assert settings["dtype"] == "float32" and settings["max_num_seqs"] == 2  # the batch: min(max_num_seqs, N)
+    assert row["engines"]["in_process"].startswith("transformers generate()")
+
+
+def _report_with(head_to_head_problems: list[str], generation_tokens: int = 16) -> dict:
+    return {
+        "generation": [
+            {"model": "qwen2-7b", "sessions": 2, "turns": 1, "max_tokens": 8, "output_tokens": generation_tokens}
+        ],
+        "head_to_head": [
+            {
+                "model": "qwen2-7b",
+                "methods": [{"name": "upstream"}, {"name": "in_process"}],
+                "checks": {"same_turns_and_tokens": not head_to_head_problems, "problems": head_to_head_problems},
+            }
+        ],
+    }
+
+
+def test_the_token_check_names_every_way_that_decoded_other_tokens() -> None:
+    gpu_check = _gpu_check()
+    assert gpu_check.token_check(_report_with([])) == []
+    problems = gpu_check.token_check(_report_with(["server: 2 turns and 15 output tokens, expected 2 and 16"], 12))
+    assert problems == [
+        "qwen2-7b generation: 12 output tokens in each mode, expected 16",
+        "qwen2-7b head to head: server: 2 turns and 15 output tokens, expected 2 and 16",
+    ]
+
+
+def test_a_failed_token_check_is_printed_and_exits_1(monkeypatch, capsys) -> None:
+    gpu_check = _gpu_check()
+    report = {
+        "gpu_tests": {"status": "skipped", "reason": "cpu"},
+        **_report_with(["in_process: 2 turns and 15 output tokens, expected 2 and 16"]),
+    }
+    monkeypatch.setattr(gpu_check, "check", lambda args: report)
+    monkeypatch.setattr(gpu_check, "print_tables", lambda report: None)
+    monkeypatch.setattr(gpu_check, "print_head_to_head", lambda report: None)
+    assert gpu_check.main(["--device", "cpu"]) == 1
+    out = capsys.readouterr().out
+    assert "token check FAILED: qwen2-7b head to head: in_process: 2 turns and 15 output tokens" in out
+    assert report["token_check"]["ok"] is False
+    report["head_to_head"][0]["checks"] = {"same_turns_and_tokens": True, "problems": []}
+    assert gpu_check.main(["--device", "cpu"]) == 0
+    assert "token check: every way" in capsys.readouterr().out
+
+
+def test_the_hf_head_to_head_is_labelled_as_two_engines() -> None:
+    engines = _gpu_check().HF_ENGINES
+    assert engines["upstream"] == engines["server"] != engines["in_process"]
+    assert "continuous-batching" in engines["upstream"] and "generate()" in engines["in_process"]

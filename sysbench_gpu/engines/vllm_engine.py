@@ -116,6 +116,8 @@ class LocalVLLM:
         kv_cache_memory_bytes: int | None = None,
         startup_log_dir: str | None = None,
         replicas_sharing_memory: int = 1,
+        max_num_batched_tokens: int | None = None,
+        max_num_seqs: int | None = None,
     ) -> None:
         try:
             import vllm
@@ -148,6 +150,11 @@ class LocalVLLM:
         )
         if max_model_len is not None:
             options["max_model_len"] = max_model_len
+        # The scheduler's budget; unset, vLLM picks it by entry point (LLM(...) gets more than `vllm serve`).
+        if max_num_batched_tokens is not None:
+            options["max_num_batched_tokens"] = max_num_batched_tokens
+        if max_num_seqs is not None:
+            options["max_num_seqs"] = max_num_seqs
         if distributed_executor_backend is not None:
             options["distributed_executor_backend"] = distributed_executor_backend
         self.options = options
@@ -177,6 +184,7 @@ class LocalVLLM:
         self.model_defaults: dict[str, Any] = dict(get_diff()) if get_diff else {}
         self._max_model_len = int(model_config.max_model_len)
         self._dtype = str(model_config.dtype).replace("torch.", "")
+        self._engine_config = engine_config(self._llm)
         self._system_role: bool | None = None
 
     # --- requests ----------------------------------------------------------
@@ -238,6 +246,7 @@ class LocalVLLM:
             "model_default_sampling": self.model_defaults,
             "vllm_version": _vllm_version(),
             "memory": self.memory.describe(),
+            "engine_config": self._engine_config,
             "startup_log": str(self.startup_log) if self.startup_log else None,
         }
 
@@ -257,6 +266,36 @@ class LocalVLLM:
                     log.debug("vllm shutdown: %s", error)
             del llm
             gc.collect()
+
+
+# What the engine really runs with, read back from vLLM's resolved configuration (the platform and the
+# entry point may change what was asked for): section -> fields of vllm_config.<section>.
+ENGINE_CONFIG_FIELDS: dict[str, tuple[str, ...]] = {
+    "scheduler_config": ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill"),
+    "cache_config": (
+        "enable_prefix_caching",
+        "kv_cache_memory_bytes",
+        "kv_cache_size_tokens",
+        "num_gpu_blocks",
+        "block_size",
+        "cache_dtype",
+    ),
+    "model_config": ("dtype", "max_model_len"),
+}
+
+
+def engine_config(llm: Any) -> dict[str, Any]:
+    """The settings the engine runs with, from ``llm.llm_engine.vllm_config`` (None where a field is missing)."""
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    found: dict[str, Any] = {}
+    for section, names in ENGINE_CONFIG_FIELDS.items():
+        part = getattr(config, section, None)
+        for name in names:
+            value = getattr(part, name, None)
+            found[name] = value if value is None or isinstance(value, (bool, int, float)) else str(value)
+    if isinstance(found.get("dtype"), str):
+        found["dtype"] = found["dtype"].replace("torch.", "")
+    return found
 
 
 def structured_output_option(schema: dict[str, Any]) -> dict[str, Any]:
@@ -318,6 +357,8 @@ class VLLMEngine:
         enforce_eager: bool = False,
         kv_cache_memory_bytes: int | None = None,
         startup_log_dir: str | None = None,
+        max_num_batched_tokens: int | None = None,
+        max_num_seqs: int | None = None,
         *,
         replica_factory: str = "sysbench_gpu.engines.vllm_engine:LocalVLLM",
     ) -> None:
@@ -330,6 +371,9 @@ class VLLMEngine:
                 raise SysbenchError(f"vllm engine: {label} must be >= 1, got {value}")
         if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
             raise SysbenchError(f"vllm engine: gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        for label, count in (("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs)):
+            if count is not None and count < 1:
+                raise SysbenchError(f"vllm engine: {label} must be >= 1, got {count}")
         if kv_cache_memory_bytes is not None and kv_cache_memory_bytes <= 0:
             raise SysbenchError(f"vllm engine: kv_cache_memory_bytes must be positive, got {kv_cache_memory_bytes}")
         if data_parallel_size > 1 and distributed_executor_backend in ("external_launcher", "ray"):
@@ -350,6 +394,8 @@ class VLLMEngine:
             distributed_executor_backend=distributed_executor_backend,
             enforce_eager=enforce_eager,
             kv_cache_memory_bytes=kv_cache_memory_bytes,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
         )
         # Under torchrun every rank runs this code; rank 0 alone writes files.
         self.is_primary = (

@@ -48,6 +48,9 @@ ENGINE_FLAGS: dict[str, dict[str, str]] = {
         "seed": "seed",
         "distributed_executor_backend": "distributed_executor_backend",
         "enforce_eager": "enforce_eager",
+        "max_num_batched_tokens": "max_num_batched_tokens",
+        "max_num_seqs": "max_num_seqs",
+        "kv_cache_memory_bytes": "kv_cache_memory_bytes",
     },
     "openai": {
         "base_url": "base_url",
@@ -190,6 +193,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     vllm.add_argument("--gpu-memory-utilization", type=float)
     vllm.add_argument("--distributed-executor-backend", help="mp, ray or external_launcher (torchrun)")
     vllm.add_argument("--enforce-eager", action="store_true")
+    vllm.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        help="tokens the scheduler puts in one forward (default: vLLM's for LLM(...), which differs from vllm serve's)",
+    )
+    vllm.add_argument("--max-num-seqs", type=int, help="sequences the scheduler runs at once (default: vLLM's)")
+    vllm.add_argument(
+        "--kv-cache-memory-bytes",
+        type=int,
+        help="KV cache size in bytes (default: vLLM's share of the GPU; on the CPU build, sized from free memory)",
+    )
     openai = parser.add_argument_group("openai engine")
     openai.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")
     openai.add_argument("--api-key-env", help="environment variable holding the API key (default OPENAI_API_KEY)")
@@ -281,6 +295,7 @@ def apply_preset(args: argparse.Namespace) -> str | None:
         ("temperature", preset.temperature),
         ("max_tokens", preset.max_tokens),
         ("system_message", preset.system_message),
+        ("repetition_penalty", preset.repetition_penalty),
     ):
         given = getattr(args, flag)
         if value is None or given == value:
@@ -343,6 +358,7 @@ def _generate_locked(
             engine_options=options,
             progress=not args.no_progress,
             lock=False,
+            secrets=getattr(args, "secrets", None),
         )
     finally:
         engine.close()

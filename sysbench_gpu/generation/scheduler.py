@@ -121,6 +121,8 @@ class TurnScheduler:
         self.previous_calls: list[dict[str, Any]] = _read_stats_calls(run_dir)
         self.new_records = 0
         self.new_skipped = 0
+        # This invocation's generation loop, first turn's preparation to last record written (stats.json).
+        self.generation_loop: dict[str, Any] | None = None
 
     # -- public ---------------------------------------------------------------------
     def run(self) -> None:
@@ -139,6 +141,7 @@ class TurnScheduler:
         from tqdm import tqdm
 
         by_id = {s.system_id: s for s in self.sessions}
+        loop_started, loop_clock = utc_now(), time.perf_counter()
         with tqdm(
             total=len(pending), desc="generate", unit="reply", disable=not (self.progress and self.writes)
         ) as bar:
@@ -149,6 +152,15 @@ class TurnScheduler:
                 prepared = [self._prepare_turn(by_id[system_id], turn) for system_id, turn in todo]
                 self._call_and_store(prepared, label=label)
                 bar.update(len(prepared))
+        # Wall clock around the whole loop: unlike the calls' wall_s it holds each turn's chat-template
+        # rendering and token counting and the record writes (what a head to head must time).
+        self.generation_loop = {
+            "started": loop_started,
+            "wall_s": round(time.perf_counter() - loop_clock, 3),
+            "calls": len(self.calls),
+        }
+        if self.writes:
+            self.write_stats()
 
     # -- one turn's conversation --------------------------------------------------------
     def _prepare_turn(self, session: Session, turn: int) -> Prepared:
@@ -305,6 +317,7 @@ class TurnScheduler:
                     "skipped": sum(c["skipped"] for c in calls),
                     "truncated": sum(c["truncated"] for c in calls),
                 },
+                **({"generation_loop": self.generation_loop} if self.generation_loop else {}),
             },
         )
 
