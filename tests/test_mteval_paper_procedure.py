@@ -95,6 +95,23 @@ def test_preset_refuses_another_repetition_penalty(tmp_path, mteval_data_dir, mo
     assert "--preset mteval-paper sets --repetition-penalty 1.0; drop --repetition-penalty 1.05" in err
 
 
+def test_a_penalty_openais_api_cannot_apply_is_refused_before_the_run_directory(
+    tmp_path, mteval_data_dir, monkeypatch, capsys
+):
+    """Refused in one line before --out is made or a request is sent, not at the first request."""
+    pytest.importorskip("openai")
+    monkeypatch.setenv(KEY_ENV, "sk-paper-test")
+    out = tmp_path / "x"
+    code = cli.main(
+        ["generate", "--data", str(mteval_data_dir / CLS), "--engine", "openai", "--model", "gpt-4o"]
+        + ["--out", str(out), "--api-key-env", KEY_ENV, "--repetition-penalty", "1.05", "--no-progress"]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "api.openai.com takes no repetition_penalty" in err and "--repetition-penalty 1.05" in err
+    assert not out.exists()
+
+
 def _openai_engine(monkeypatch: pytest.MonkeyPatch, base_url: str | None) -> tuple[Any, list[dict[str, Any]]]:
     """An openai engine whose client keeps each request's arguments instead of sending them."""
     pytest.importorskip("openai")

@@ -61,6 +61,20 @@ def server_takes_repetition_penalty(base_url: str | None) -> bool:
     return host not in NO_REPETITION_PENALTY_HOSTS
 
 
+def check_repetition_penalty(base_url: str | None, penalty: float | None) -> None:
+    """Refuse a penalty the endpoint cannot apply; 1.0 (none) is what OpenAI's API does anyway.
+
+    Called by ``generate`` before its run directory is touched, and again for every request.
+    """
+    if penalty is None or penalty == 1.0 or server_takes_repetition_penalty(base_url):
+        return
+    host = urlparse(base_url or OPENAI_API_URL).hostname
+    raise SysbenchError(
+        f"openai engine: {host} takes no repetition_penalty (OpenAI's API applies none); "
+        f"drop --repetition-penalty {penalty:g}, or point --base-url at a server that takes it (vLLM's)"
+    )
+
+
 class OpenAIEngine:
     """Chat completions over HTTP with bounded concurrency and counted retries."""
 
@@ -257,14 +271,9 @@ class OpenAIEngine:
         if sampling.top_k is not None:
             extra_body["top_k"] = sampling.top_k
         penalty = sampling.repetition_penalty
+        check_repetition_penalty(self.base_url, penalty)
         if penalty is not None and self.takes_repetition_penalty:
             extra_body["repetition_penalty"] = penalty
-        elif penalty is not None and penalty != 1.0:
-            host = urlparse(self.base_url or OPENAI_API_URL).hostname
-            raise SysbenchError(
-                f"openai engine: {host} takes no repetition_penalty (OpenAI's API applies none); "
-                f"drop --repetition-penalty {penalty:g}, or point --base-url at a server that takes it (vLLM's)"
-            )
         # 1.0 to OpenAI's API is left out: no penalty is what it applies.
         self._repetition_penalty_sent = extra_body.get("repetition_penalty")
         if extra_body:

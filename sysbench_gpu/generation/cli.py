@@ -21,6 +21,7 @@ from sysbench_gpu.core.sessions import Dataset, Session, parse_session_ids
 from sysbench_gpu.engines import get_engine
 from sysbench_gpu.engines.base import SamplingSpec
 from sysbench_gpu.engines.models import resolve_model
+from sysbench_gpu.engines.openai_engine import check_repetition_penalty
 from sysbench_gpu.generation.plan import HISTORY_MODES, select_for_reference_history
 from sysbench_gpu.generation.run import run_generation
 from sysbench_gpu.generation.settings import OVERFLOW_POLICIES, STAGE, GenerateSettings, check_compatible
@@ -312,6 +313,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     preset = apply_preset(args)
     settings = dataclasses.replace(settings_from_args(args), preset=preset)
     options = engine_options_from_args(args.engine, args)
+    if args.engine == "openai":
+        check_repetition_penalty(args.base_url, settings.sampling.repetition_penalty)
     dataset = load_dataset(args.data, system_message=args.system_message, task=args.task, benchmark=args.benchmark)
     ids = parse_session_ids(args.sessions)
     sessions = dataset.select(ids, args.limit)
