@@ -26,6 +26,7 @@ from sysbench_gpu.engines.server import (
     ManagedServer,
     ServerSpec,
     group_members,
+    transformers_launcher,
     transformers_server_spec,
     vllm_launcher,
     vllm_server_spec,
@@ -274,6 +275,22 @@ def test_vllm_is_found_beside_the_interpreter_else_on_path_inside_this_environme
     assert launcher(lambda name: str(elsewhere)) == [str(beside), "serve", "M"]
     # The CPU build (no `vllm` distribution): its script cannot run, the module can.
     assert launcher(lambda name: str(beside), installed=False) == module
+
+
+def test_transformers_is_found_in_this_environment_else_run_as_its_module(tmp_path):
+    """The same rule as vllm's: a `transformers` on PATH from another environment is not used."""
+    env = tmp_path / "env"
+    python = str(env / "bin" / "python")
+    module = [python, "-m", "transformers.cli.transformers"]
+
+    def launcher(which):
+        return transformers_launcher(executable=python, prefix=str(env), which=which)
+
+    assert launcher(lambda name: None) == module
+    elsewhere = _script(tmp_path / "other-env" / "bin" / "transformers")
+    assert launcher(lambda name: str(elsewhere)) == module
+    beside = _script(env / "bin" / "transformers")
+    assert launcher(lambda name: str(elsewhere)) == [str(beside)]
 
 
 def test_transformers_serve_preloads_the_model_with_continuous_batching():

