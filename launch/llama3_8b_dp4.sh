@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # An 8B model as 4 data-parallel replicas on one node (one GPU each), all 500 sessions.
 #
-# sysbench-gpu starts 4 worker processes, each with its own vLLM engine on its own GPU
-# (CUDA_VISIBLE_DEVICES is split among them in order), splits every turn's batch across
-# them and gathers the replies in input order. A session stays on the replica that served
-# its first turn (placed by session id), so its history keeps hitting that replica's prefix
-# cache, also when old turns are truncated or the template has no system role.
+# sysbench-gpu starts a local Ray (on 127.0.0.1) and 4 replicas as Ray actors, each with its
+# own vLLM engine on its own GPU (a placement group per replica; Ray sets each one's
+# CUDA_VISIBLE_DEVICES from the GPUs of GPUS), splits every turn's batch across them and
+# gathers the replies in input order. A session stays on the replica that served its first
+# turn (placed by session id), so its history keeps hitting that replica's prefix cache, also
+# when old turns are truncated or the template has no system role. More than one node:
+# launch/ray_cluster_dp.sh. Needs Ray: pip install 'sysbench-gpu[gpu]' (or '[ray]').
 #
 # Ports: replica r scans for free ports from VLLM_PORT + 100 r (VLLM_PORT defaults to 20000),
 # so replicas that start together never race for one port. Two jobs on one node: export a

@@ -16,11 +16,13 @@ import traceback
 from collections.abc import Sequence
 
 from sysbench_gpu import __version__
+from sysbench_gpu.core.arguments import check_shared_flags
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.redact import Secrets, install_log_redaction
 
 # Order is the order in `--help`: the pipeline, then the side stage.
 STAGE_MODULES = (
+    "sysbench_gpu.plans.cli",  # `run PLAN.toml`: the whole pipeline from one file
     "sysbench_gpu.datasets.cli",
     "sysbench_gpu.generation.cli",
     "sysbench_gpu.judging.cli",
@@ -48,6 +50,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Client libraries that log every HTTP request at INFO ("HTTP Request: POST ... 200 OK"): shown with -v only.
+# The openai package talks through httpx2/httpcore2 in its newer releases, through httpx/httpcore before.
+HTTP_CLIENT_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2", "openai", "urllib3")
+
+
+def quiet_http_clients(verbose: bool) -> None:
+    """The client libraries' request lines are debug detail: below WARNING they show only with ``-v``."""
+    for name in HTTP_CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.WARNING)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -56,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    quiet_http_clients(args.verbose)
     # The secrets this command can meet are known before anything can log or fail; stages
     # get them as ``args.secrets`` and pass them to whatever talks to a server.
     secrets = Secrets.gather(getattr(args, "api_key_env", None) or "OPENAI_API_KEY", getattr(args, "base_url", None))
@@ -65,6 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        # The flags many verbs share are checked here, once, before any verb makes a folder or loads a model.
+        check_shared_flags(args)
         result = args.func(args)
     except SysbenchError as error:
         print(f"error: {' '.join(secrets.scrub(str(error)).splitlines())}", file=sys.stderr)

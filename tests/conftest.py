@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+# Ray (data-parallel replicas) stays on 127.0.0.1: Ray reads this when it is imported, and every Ray a
+# test starts (in this process or a child) inherits it. No test may send traffic to another address.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_DIR = Path(os.environ.get("SYSBENCH_SHARED", REPO_ROOT.parent / "shared" / "sysbench"))
 SESSIONS_FILE = SHARED_DIR / "sessions.json"
@@ -82,3 +86,21 @@ def smollm2_path() -> str:
     from sysbench_gpu.engines.models import resolve_model
 
     return resolve_model("smollm2")
+
+
+@pytest.fixture(scope="session")
+def ray_local() -> Iterator[object]:
+    """One local Ray (127.0.0.1, 4 logical CPUs) for the in-process replica tests; replica pools use it and leave it up.
+
+    A pool that finds Ray connected never starts or stops one, so every pool of the session shares
+    this cluster's start-up cost. Tests that must start their own Ray run ``generate`` in a child.
+    """
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        yield ray
+        return
+    ray.init(address="local", num_cpus=4, num_gpus=0, include_dashboard=False, namespace="sysbench-gpu-tests")
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

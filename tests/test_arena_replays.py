@@ -194,6 +194,7 @@ def test_no_outcome_at_all_names_retry_unparsed(pair, tmp_path, capsys, monkeypa
         capsys, monkeypatch, pair, tmp_path / "arena", lambda body, n: Reply(text="Hmm."), "--max-retries", "1"
     )
     assert code == 2 and "no battle has an outcome yet" in text and "--retry-unparsed" in text
+    assert f"{tmp_path / 'arena' / 'battles.jsonl'}: no battle" in text  # the file that holds the unparsed records
 
 
 # ----------------------------------------------------------------------------- dropped resamples

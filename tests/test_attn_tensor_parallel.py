@@ -212,6 +212,7 @@ def test_tensor_parallel_refuses_heads_that_do_not_divide(two_session_run, tmp_p
         "error: --tensor-parallel over 2 ranks: smollm2 has 9 attention heads and 3 key/value heads, "
         "and both must divide by 2 (use --nproc-per-node in [3])"
     )
+    assert not (tmp_path / "attn").exists()  # refused before --out is made (issue 33)
 
 
 @pytest.mark.slow

@@ -322,8 +322,13 @@ def test_extra_body_flag_must_be_a_json_object() -> None:
     from sysbench_gpu.generation.cli import json_object, sampling_from_args
 
     assert json_object('{"min_tokens": 4}') == {"min_tokens": 4}
-    for text, message in (("[1]", "expected a JSON object, got list"), ("{min", "not JSON")):
-        with pytest.raises(argparse.ArgumentTypeError, match=message):
+    for text, message in (
+        ("[1]", "--extra-body: expected a JSON object, found an array"),
+        ("null", "--extra-body: expected a JSON object, found null"),
+        ("{min", "--extra-body: not JSON"),
+        ('{"messages": []}', "--extra-body: field 'messages' is one the tool sets itself"),
+    ):
+        with pytest.raises(SysbenchError, match=message):
             json_object(text)
     flags = dict(max_tokens=4, temperature=None, top_p=None, top_k=None, repetition_penalty=None, seed=None)
     assert sampling_from_args(argparse.Namespace(**flags, ignore_eos=True)).ignore_eos is True

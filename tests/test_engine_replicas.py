@@ -1,6 +1,6 @@
 """Data-parallel replicas without vLLM: placement by session id through the scheduler, ports, manifest records.
 
-The replicas are real spawned processes with a stand-in backend (``FoldingBackend``):
+The replicas are real Ray actors (the session's local Ray, ``ray_local``) with a stand-in backend (``FoldingBackend``):
 a chat template without a system role (so the scheduler folds the system message into
 turn 1) and a small context (so ``--on-overflow truncate-history`` drops old turns).
 Both change a conversation's first messages from turn to turn, which is what used to
@@ -22,13 +22,13 @@ from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.messages import conversation_for_turn, fold_system_message
 from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.engines.base import Completion, SamplingSpec, chat_sessions
-from sysbench_gpu.engines.vllm_engine import VLLMEngine, batch_invariance
-from sysbench_gpu.engines.vllm_replicas import (
+from sysbench_gpu.engines.replicas import (
     DEFAULT_REPLICA_PORT_BASE,
     REPLICA_PORT_STRIDE,
-    replica_envs,
+    replica_port_bases,
     session_key,
 )
+from sysbench_gpu.engines.vllm_engine import VLLMEngine, batch_invariance
 from sysbench_gpu.generation.run import run_generation
 from sysbench_gpu.generation.settings import GenerateSettings
 
@@ -79,15 +79,13 @@ FOLDING = "test_engine_replicas:FoldingBackend"
 
 @pytest.fixture
 def importable_backend(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # spawned replicas import this module
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # the replicas import this module by the driver's path
 
 
 def test_a_session_stays_on_its_replica_through_folding_and_truncation(
-    tmp_path: Path, importable_backend: None, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, importable_backend: None, monkeypatch: pytest.MonkeyPatch, ray_local: object
 ) -> None:
     monkeypatch.delenv("VLLM_PORT", raising=False)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr("sysbench_gpu.engines.vllm_engine.visible_gpus", lambda: [])
     demo = load_dataset("demo")
     session = demo.sessions[0]
     # What broke it: the first two messages differ between turns once the system message is folded.
@@ -122,35 +120,24 @@ def test_a_session_stays_on_its_replica_through_folding_and_truncation(
     manifest = json.loads(run.manifest_path.read_text(encoding="utf-8"))
     described = manifest["stages"]["generate"]["engine_describe"]
     assert manifest["stages"]["generate"]["system_folded"] is True
-    assert described["replica_vllm_ports"] == [
-        str(DEFAULT_REPLICA_PORT_BASE),
-        str(DEFAULT_REPLICA_PORT_BASE + REPLICA_PORT_STRIDE),
-    ]
-    assert {f"port {p}" for p in described["replica_vllm_ports"]} == {r.response for r in records.values()}
+    ports = [r["placement"]["vllm_port"] for r in described["replicas"]["per_replica"]]
+    assert ports == [str(DEFAULT_REPLICA_PORT_BASE), str(DEFAULT_REPLICA_PORT_BASE + REPLICA_PORT_STRIDE)]
+    assert {f"port {p}" for p in ports} == {r.response for r in records.values()}
+    assert sum(r["requests"] for r in described["replicas"]["per_replica"]) == 25
     assert described["replicas_sharing_memory"] == 2  # CPU replicas split the free memory
     assert described["batch_invariant"] is False and described["VLLM_BATCH_INVARIANT"] is None
 
 
-def test_each_replica_gets_its_own_port_range_and_gpus() -> None:
-    envs, groups = replica_envs(2, 2, ["0", "1", "2", "3"], {})
-    assert envs == [
-        {"VLLM_PORT": "20000", "CUDA_VISIBLE_DEVICES": "0,1"},
-        {"VLLM_PORT": "20100", "CUDA_VISIBLE_DEVICES": "2,3"},
-    ]
-    assert groups == [["0", "1"], ["2", "3"]]
+def test_each_replica_gets_its_own_port_range() -> None:
+    assert replica_port_bases(2, {}) == [20000, 20100]
     # An exported VLLM_PORT is the base; before, every replica scanned up from that one port.
-    envs, _ = replica_envs(4, 1, ["4", "5", "6", "7"], {"VLLM_PORT": "31000"})
-    assert [e["VLLM_PORT"] for e in envs] == ["31000", "31100", "31200", "31300"]
-    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["4", "5", "6", "7"]
-    bases = [int(e["VLLM_PORT"]) for e in envs]
+    bases = replica_port_bases(4, {"VLLM_PORT": "31000"})
+    assert bases == [31000, 31100, 31200, 31300]
     assert all(b - a >= REPLICA_PORT_STRIDE for a, b in zip(bases, bases[1:], strict=False))
-    # No GPU: replicas share the CPU but still get disjoint ports.
-    envs, groups = replica_envs(2, 1, [], {})
-    assert groups is None and envs == [{"VLLM_PORT": "20000"}, {"VLLM_PORT": "20100"}]
     with pytest.raises(SysbenchError, match="VLLM_PORT='http://x:1': must be a port number"):
-        replica_envs(2, 1, [], {"VLLM_PORT": "http://x:1"})
+        replica_port_bases(2, {"VLLM_PORT": "http://x:1"})
     with pytest.raises(SysbenchError, match="need ports 65500-65699"):
-        replica_envs(2, 1, [], {"VLLM_PORT": "65500"})
+        replica_port_bases(2, {"VLLM_PORT": "65500"})
 
 
 def test_batch_invariance_is_recorded_as_set(importable_backend: None, monkeypatch: pytest.MonkeyPatch) -> None:

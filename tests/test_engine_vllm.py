@@ -1,4 +1,6 @@
-"""The vllm engine: pure helpers and the replica pool (fast), then real vLLM on the CPU (marked ``vllm``).
+"""The vllm engine: pure helpers (fast), then real vLLM on the CPU (marked ``vllm``).
+
+The data-parallel replicas (Ray actors) are tested with stand-in backends in test_ray_replicas.py.
 
 Real vLLM runs in subprocesses (it spawns workers and needs a ``__main__`` guard).
 They hold ``/tmp/vllm.lock`` so that two test sessions on one machine never start
@@ -24,19 +26,14 @@ import pytest
 
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.engines.base import Completion, SamplingSpec
+from sysbench_gpu.engines.replicas import ReplicaShape, assign_replicas, check_capacity, session_key
 from sysbench_gpu.engines.vllm_engine import VLLMEngine
-from sysbench_gpu.engines.vllm_replicas import (
-    ReplicaPool,
-    assign_replicas,
-    replica_device_groups,
-    session_key,
-)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
-# --- a stand-in backend for the replica pool (runs in spawned processes) -------------
+# --- a stand-in backend (built in this process by replica_factory) -------------------
 
 
 class EchoBackend:
@@ -114,16 +111,26 @@ def test_session_key_ignores_later_turns() -> None:
     assert session_key(session("sys", "q1")) != session_key(session("sys", "other"))
 
 
-def test_replica_device_groups() -> None:
-    assert replica_device_groups(2, 2, ["0", "1", "2", "3"]) == [["0", "1"], ["2", "3"]]
-    assert replica_device_groups(4, 1, ["4", "5", "6", "7"]) == [["4"], ["5"], ["6"], ["7"]]
-    with pytest.raises(SysbenchError, match="need 8 GPUs, but 4 are visible"):
-        replica_device_groups(4, 2, ["0", "1", "2", "3"])
+def test_replica_placement_groups_reserve_each_replicas_gpus() -> None:
+    # TP 2 on vLLM's own workers: the actor holds both GPUs, on one node.
+    shape = ReplicaShape(cpus=1, gpus=2)
+    assert shape.bundles() == [{"CPU": 1.0, "GPU": 2.0}] and shape.strategy == "STRICT_PACK" and shape.actor_gpus == 2
+    # vLLM's Ray executor (PP across nodes): one bundle per GPU for its workers; the actor takes none.
+    spread = ReplicaShape(cpus=1, gpus=4, gpu_bundles=True)
+    assert spread.bundles() == [{"CPU": 1.0}] + [{"GPU": 1.0}] * 4
+    assert spread.strategy == "PACK" and spread.actor_gpus == 0
+    check_capacity("vllm engine", 4, shape, {"CPU": 16.0, "GPU": 8.0})
+    with pytest.raises(SysbenchError, match="replicas x 2 GPUs each need 8 GPUs, but the Ray cluster has 4"):
+        check_capacity("vllm engine", 4, shape, {"CPU": 16.0, "GPU": 4.0})
 
 
 def test_invalid_layouts_are_refused_before_loading() -> None:
     with pytest.raises(SysbenchError, match="external_launcher"):
         VLLMEngine("m", data_parallel_size=2, distributed_executor_backend="external_launcher")
+    with pytest.raises(SysbenchError, match="ray_address places data-parallel replicas"):
+        VLLMEngine("m", ray_address="auto")
+    with pytest.raises(SysbenchError, match="ray_address 'http://x': expected auto or HOST:PORT"):
+        VLLMEngine("m", data_parallel_size=2, ray_address="http://x")
     with pytest.raises(SysbenchError, match="tensor_parallel_size"):
         VLLMEngine("m", tensor_parallel_size=0)
     with pytest.raises(SysbenchError, match="gpu_memory_utilization"):
@@ -202,44 +209,6 @@ def test_external_launcher_rank_decides_the_primary(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("RANK", "0")
     engine = VLLMEngine("m", distributed_executor_backend="external_launcher", replica_factory=ECHO)
     assert engine.is_primary is True
-
-
-# --- the data-parallel pool with the stand-in backend --------------------------------
-
-
-def test_data_parallel_pool_splits_gathers_in_order_and_pins_devices(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
-    engine = VLLMEngine("echo", data_parallel_size=2, tensor_parallel_size=2, replica_factory=ECHO)
-    try:
-        described = engine.describe()
-        assert described["replica_gpus"] == ["4,5", "6,7"] and described["data_parallel_size"] == 2
-        assert engine.context_length() == 4096 and engine.supports_system_role()
-        assert engine.count_prompt_tokens(session("one two", "three")) == 3
-        turn1 = [session(f"system {i}", f"q{i}.1") for i in range(5)]
-        first = engine.chat(turn1, SamplingSpec(max_tokens=4))
-        assert [c.text.split("@")[0] for c in first] == [f"q{i}.1" for i in range(5)]
-        devices = {i: c.text.split("@")[1] for i, c in enumerate(first)}
-        assert sorted(set(devices.values())) == ["4,5", "6,7"]  # both replicas worked
-        # Turn 2 in a different order: every session returns to its replica (its prefix cache).
-        order = [3, 0, 4, 1, 2]
-        turn2 = [session(f"system {i}", f"q{i}.1", f"q{i}.2") for i in order]
-        second = engine.chat(turn2, SamplingSpec(max_tokens=4))
-        assert [c.text.split("@")[0] for c in second] == [f"q{i}.2" for i in order]
-        assert [c.text.split("@")[1] for c in second] == [devices[i] for i in order]
-        assert all("replica" in c.extra for c in second)
-        with pytest.raises(SysbenchError, match="replica .* failed while chat: session 9, turn 2: exploded"):
-            engine.chat([session("system 0", "boom")], SamplingSpec())
-    finally:
-        engine.close()
-
-
-def test_a_replica_that_fails_to_load_is_a_clear_error() -> None:
-    sys.path.insert(0, str(Path(__file__).parent))
-    try:
-        with pytest.raises(SysbenchError, match="replica 0 failed while starting: RuntimeError: weights not found"):
-            ReplicaPool(ECHO, {"model": "fail-to-load"}, [{}])
-    finally:
-        sys.path.remove(str(Path(__file__).parent))
 
 
 # --- real vLLM on the CPU --------------------------------------------------------------

@@ -282,7 +282,7 @@ def test_cli_rebuild_removes_stale_sessions_and_refuses_foreign_folders(fixture_
     foreign.mkdir()
     (foreign / "mine.txt").write_text("keep", encoding="utf-8")
     assert main(["explore", str(fixture_runs["small"]), "--out", str(foreign)]) == 2
-    assert "not an explorer site" in capsys.readouterr().err
+    assert "is not empty and is not an earlier explorer site" in capsys.readouterr().err
     assert (foreign / "mine.txt").read_text(encoding="utf-8") == "keep"
     assert main(["explore", str(tmp_path / "missing"), "--out", str(tmp_path / "s2")]) == 2
     assert "no such run directory" in capsys.readouterr().err

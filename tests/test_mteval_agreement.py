@@ -113,6 +113,7 @@ def test_a_sysbench_run_and_an_mteval_run_are_different_benchmarks(
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "judge different responses" not in err
         assert "SysBench" in err and "MT-Eval" in err and "give runs of one benchmark at a time" in err
+        assert err.startswith("error: judge agreement: cannot mix ")  # not "cannot judge agreement SysBench runs"
     # MT-Eval's judge options are refused on a SysBench run, in one line.
     assert cli.main(["judge", str(sysbench), "--rules", "lenient"]) == 2
     assert "--rules does not apply to SysBench runs" in capsys.readouterr().err

@@ -189,7 +189,7 @@ def test_multi_against_single_is_unpaired_and_says_so(tmp_path, mteval_data_dir,
 def test_compare_refuses_mixed_benchmarks_and_unfinished_runs(tmp_path, mteval_data_dir, dataset, capsys):
     mteval = make_mteval_run(tmp_path / "m", mteval_data_dir / CLS_MULTI, [1], _cls_reply(2))
     sysbench = make_run(tmp_path / "s", dataset, [1])
-    with pytest.raises(SysbenchError, match="cannot compare MT-Eval runs with SysBench runs"):
+    with pytest.raises(SysbenchError, match="compare: cannot mix MT-Eval runs with SysBench runs"):
         compare_runs(mteval.path, sysbench.path)
     with pytest.raises(SysbenchError, match="have no judgment.*compare needs complete runs"):
         compare_runs(mteval.path, mteval.path)

@@ -119,7 +119,7 @@ def test_report_refusals(toy, tmp_path, dataset, capsys):
     sysbench = make_run(tmp_path / "sb", dataset, [1])
     rc = main(["report", str(toy["ref"]), str(sysbench.path), "--out", str(tmp_path / "r1")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "cannot report MT-Eval runs with SysBench runs" in err[0]
+    assert rc == 2 and len(err) == 1 and "report: cannot mix MT-Eval runs with SysBench runs" in err[0]
     rc = main(["report", str(toy["ref"]), "--gt-pair", f"{toy['gold']}={toy['ref']}", "--out", str(tmp_path / "r2")])
     assert rc == 2 and "--gt-pair applies to SysBench runs" in capsys.readouterr().err
     rc = main(["report", str(toy["ref"]), str(toy["ref"]), "--out", str(tmp_path / "r3"), "--no-figures"])

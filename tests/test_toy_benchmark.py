@@ -240,6 +240,6 @@ def test_runs_of_another_benchmark_are_refused_with_a_toy_run(toy, toy_data, tmp
     save_run_sessions(RunDir(demo), load_dataset("demo").sessions)  # a SysBench run's sessions.json
     capsys.readouterr()
     assert main(["report", str(run), str(demo), "--out", str(tmp_path / "report")]) == 2
-    assert "cannot report Toy keywords runs with SysBench runs" in capsys.readouterr().err
+    assert "report: cannot mix Toy keywords runs with SysBench runs" in capsys.readouterr().err
     assert main(["judge", str(run), "--judge", "openai", "--judge-model", "gpt-4o-mini"]) == 2
     assert "scored by their keyword rule" in capsys.readouterr().err

@@ -9,8 +9,10 @@ from pathlib import Path
 from sysbench_gpu.arena.bt import INSTALL_HINT
 from sysbench_gpu.arena.prompt import load_template
 from sysbench_gpu.arena.stage import ArenaRequest, plan_dry_run, run_arena
+from sysbench_gpu.core.arguments import check_finite, check_integer
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.plotting import parse_formats
+from sysbench_gpu.core.progress import add_progress_flags
 from sysbench_gpu.judging.cache import CACHE_DIRNAME
 from sysbench_gpu.judging.cli import _engine_options, make_engine_factory
 from sysbench_gpu.judging.rounds import DEFAULT_MAX_RETRIES, JudgeSettings
@@ -39,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--no-figures", action="store_true", help="skip the figures (no matplotlib)")
     parser.add_argument("--formats", default="png", help="figure formats, comma-separated (png, pdf, svg)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars or progress lines")
+    add_progress_flags(parser)
     parser.add_argument("--json", action="store_true", help="print ratings.json (or the dry run) as JSON")
     judge = parser.add_argument_group("judged battles (--by judge)")
     judge.add_argument("--judge", choices=JUDGE_BACKENDS, help="judge backend")
@@ -77,8 +80,15 @@ def _check_sklearn() -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.resamples < 0:
-        raise SysbenchError(f"--resamples must be 0 or more, got {args.resamples}")
+    # --seed and --resamples are checked for every verb by the CLI (core.arguments); these are the arena's own.
+    for value, flag, minimum in (
+        (args.max_retries, "--max-retries", 1),
+        (args.concurrency, "--concurrency", 1),
+        (args.api_retries, "--api-retries", 0),
+        (args.max_tokens, "--max-tokens", 1),
+    ):
+        check_integer(value, flag, minimum)
+    check_finite(args.timeout, "--timeout", positive=True)
     if args.by == "judge" and not (args.judge and args.judge_model):
         raise SysbenchError("--by judge needs --judge {openai,vllm,hf} and --judge-model NAME")
     if args.by == "verdicts" and (args.judge or args.judge_model or args.template or args.dry_run):
@@ -87,8 +97,6 @@ def main(args: argparse.Namespace) -> int:
         raise SysbenchError(
             "--retry-unparsed and --replay-changed apply to --by judge (verdict battles are replayed by themselves)"
         )
-    if args.max_retries < 1 or args.concurrency < 1:
-        raise SysbenchError("--max-retries and --concurrency must be at least 1")
     out = Path(args.out)
     settings = template = None
     options = _engine_options(args.engine_option)
@@ -116,6 +124,7 @@ def main(args: argparse.Namespace) -> int:
         formats=parse_formats(args.formats),
         figures=not args.no_figures,
         show_progress=not args.no_progress,
+        log_every=args.log_every,
         judge=settings,
         template=template,
         retry_unparsed=args.retry_unparsed,

@@ -9,7 +9,6 @@ attempt loop, temperature schedule, retries, reply cache, ledger and batched loc
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from sysbench_gpu.arena.prompt import SCORE_OF, ArenaReply, ArenaTemplate, rende
 from sysbench_gpu.arena.runs import ArenaRun
 from sysbench_gpu.benchmarks.judge_tasks import JudgeTask
 from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.progress import DEFAULT_LOG_EVERY, ProgressLog, quiet_library_bars
 from sysbench_gpu.core.records import JudgmentRecord
 from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.judging.cache import JudgeCache
@@ -166,8 +166,12 @@ def judge_questions(
     out: Path,
     store: BattleStore,
     show_progress: bool = True,
+    log_every: float = DEFAULT_LOG_EVERY,
 ) -> JudgeSummary:
-    """Ask every pending question; each answer is appended as it comes (an interrupted arena resumes)."""
+    """Ask every pending question; each answer is appended as it comes (an interrupted arena resumes).
+
+    ``show_progress``: a bar on a terminal, else a line every ``log_every`` seconds (``core.progress``).
+    """
     summary = JudgeSummary()
     if not pending:
         return summary
@@ -178,17 +182,15 @@ def judge_questions(
     ledger = JudgeLedger.load(out, settings.model)
     recorder = BattleRecorder(out, ledger, summary, cache, pending, store)
     before = ledger.current()
+    quiet_library_bars(force=not show_progress)
     engine = engine_factory()
     try:
-        from tqdm import tqdm
-
-        with tqdm(
-            total=len(tasks), desc="arena judge", unit="battle", file=sys.stderr, disable=not show_progress
-        ) as bar:
+        with ProgressLog("arena judge", len(tasks), "battle", log_every=log_every, enabled=show_progress) as progress:
+            recorder.progress = progress  # prompts sent and cache hits, counted as replies arrive
             if settings.backend == "openai":
-                judge_tasks_api(tasks, engine, settings, cache, recorder, bar)
+                judge_tasks_api(tasks, engine, settings, cache, recorder, progress)
             else:
-                judge_tasks_batched(tasks, engine, settings, cache, recorder, bar)
+                judge_tasks_batched(tasks, engine, settings, cache, recorder, progress)
     finally:
         engine.close()
     after = ledger.current()

@@ -62,9 +62,17 @@ def load_template(path: str | None) -> ArenaTemplate:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise SysbenchError(f"--template {path}: cannot read ({error})") from None
-    missing = [name for name in FIELDS if name not in template_fields(text, source=path)]
+    found = template_fields(text, source=f"--template {path}")
+    missing = [name for name in FIELDS if name not in found]
     if missing:
         raise SysbenchError(f"--template {path}: field {{{missing[0]}}} is missing (needs {', '.join(FIELDS)})")
+    # Checked here, not when the first question is rendered: a template refused later would already be recorded.
+    unknown = [name for name in found if name not in FIELDS]
+    if unknown:
+        raise SysbenchError(
+            f"--template {path}: field {{{unknown[0]}}} is not one of {', '.join(FIELDS)} "
+            "(write {{ and }} for a literal brace)"
+        )
     return ArenaTemplate(text, path)
 
 

@@ -30,7 +30,8 @@ class Changed:
     def refusal(self, out: str) -> str:
         """One line: the first run whose battles changed, how many, where first, and what to do."""
         run, records = next(iter(self.by_run.items()))
-        first = records[0]
+        # In session order, not file order: judged battles are appended as their answers arrive.
+        first = min(records, key=lambda record: (record.system_id, record.turn, record.order))
         why = (
             "were stored without a fingerprint, so what they were decided on cannot be checked"
             if first.fingerprint_a is None or first.fingerprint_b is None

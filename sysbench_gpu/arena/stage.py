@@ -1,36 +1,68 @@
 """The arena stage: under the arena's lock, play the pairs not yet played, then fit and write everything.
 
 One writer: ``ARENA_DIR/.arena.lock`` (``core.locks``) is held for the whole call, so a
-second arena on the same directory is refused in one line. Battles are appended as they
-are decided, so an interrupted arena resumes where it stopped, and adding a run plays only
-its new pairs. An arena keeps one way of deciding battles and one mode: a directory of
-verdict battles is not mixed with judged ones, nor one judge or template with another, nor
-all-pairs battles with a baseline's (or one baseline with another). Stored battles whose
-runs changed since are played again or refused (``arena.replays``).
+second arena on the same directory is refused in one line. Everything a call can refuse
+(its flags, its runs, its ``--out``, what that folder holds, whether any battle can have an
+outcome) is checked before the folder is made; the arena's settings reach its manifest with its
+first battle, so a call that stops before one (an engine that does not load) stores none of them.
+Battles are appended as they are decided, so an interrupted arena resumes where it stopped, and
+adding a run plays only its new pairs. An arena keeps one way of deciding battles and one
+mode: a directory of verdict battles is not mixed with judged ones, nor one judge or template
+with another, nor all-pairs battles with a baseline's (or one baseline with another). Stored
+battles whose runs changed since are played again or refused (``arena.replays``).
 """
 
 from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sysbench_gpu.arena.battles import BattleKey, BattleRecord, BattleStore, pairs, verdict_battles
+from sysbench_gpu.arena.battles import (
+    BATTLES,
+    REPLACED,
+    BattleKey,
+    BattleRecord,
+    BattleStore,
+    battle_turns,
+    pairs,
+    verdict_battles,
+)
 from sysbench_gpu.arena.judged import dry_run, judge_questions, questions
-from sysbench_gpu.arena.outputs import write_figures, write_tables
+from sysbench_gpu.arena.outputs import LEADERBOARD_MD, LEADERBOARD_TEX, RATINGS, write_figures, write_tables
 from sysbench_gpu.arena.prompt import ArenaTemplate
 from sysbench_gpu.arena.ratings import outcomes, rate
 from sysbench_gpu.arena.replays import Changed, Pair, changed_battles, unparsed_battles
 from sysbench_gpu.arena.runs import ArenaRun, load_runs
+from sysbench_gpu.core.arguments import check_out_folder
 from sysbench_gpu.core.errors import SysbenchError
-from sysbench_gpu.core.locks import prepare_directory, stage_lock
-from sysbench_gpu.core.rundir import RunDir, utc_now
+from sysbench_gpu.core.locks import lock_path, prepare_directory, stage_lock
+from sysbench_gpu.core.progress import DEFAULT_LOG_EVERY, stderr_is_terminal
+from sysbench_gpu.core.rundir import GENERATIONS, JUDGMENTS, RunDir, utc_now
+from sysbench_gpu.judging.cache import CACHE_DIRNAME
+from sysbench_gpu.judging.ledger import LEDGER, LEDGER_JOURNAL
 from sysbench_gpu.judging.rounds import JudgeSettings, JudgeSummary
 
 STAGE = "arena"
+# What an arena writes into its folder (besides manifest.json): a folder holding only these is an arena's
+# (one stopped before its first battle), as is one whose manifest has a stages.arena section.
+ARENA_FILES = frozenset(
+    {
+        lock_path(Path(), STAGE).name,
+        BATTLES,
+        REPLACED,
+        RATINGS,
+        LEADERBOARD_MD,
+        LEADERBOARD_TEX,
+        "figures",
+        LEDGER,
+        LEDGER_JOURNAL,
+        CACHE_DIRNAME,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -45,6 +77,7 @@ class ArenaRequest:
     formats: Sequence[str] = ("png",)
     figures: bool = True
     show_progress: bool = True
+    log_every: float = DEFAULT_LOG_EVERY  # judged battles, without a terminal: a progress line every so many seconds
     judge: JudgeSettings | None = None
     template: ArenaTemplate | None = None
     retry_unparsed: bool = False  # ask again the judged battles whose answer never parsed
@@ -64,6 +97,20 @@ def _given(request: ArenaRequest) -> list[str]:
     if len(runs) < 2:
         raise SysbenchError("arena needs at least two runs (or one run and --baseline RUN)")
     return runs
+
+
+def is_arena_folder(path: Path) -> bool:
+    """An earlier arena's folder: its manifest has a stages.arena section, or it holds only what an arena writes."""
+    run = RunDir(path)
+    if run.manifest_path.is_file():
+        return bool(run.stage_section(STAGE))
+    return all(entry.name in ARENA_FILES for entry in path.iterdir())
+
+
+def check_arena_out(request: ArenaRequest) -> None:
+    """``--out``: not a file, not one of the runs (nor inside one), and empty or an earlier arena; nothing made."""
+    inputs = [*request.runs, *([request.baseline] if request.baseline is not None else [])]
+    check_out_folder(request.out, inputs=inputs, kind="arena", is_own=is_arena_folder)
 
 
 def _check_same_arena(out: RunDir, request: ArenaRequest) -> None:
@@ -112,9 +159,10 @@ def _check_same_mode(out: RunDir, section: Mapping[str, Any], request: ArenaRequ
 
 
 def _progress(total: int, desc: str, unit: str, shown: bool) -> Any:
+    """A bar on a terminal for the quick steps (loading runs, verdict pairs); nothing in a log file."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=not shown)
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=not (shown and stderr_is_terminal()))
 
 
 def _load(request: ArenaRequest) -> tuple[list[ArenaRun], ArenaRun | None]:
@@ -166,7 +214,9 @@ def plan_dry_run(request: ArenaRequest) -> dict[str, Any]:
     """Judged battles: what would be sent, without a lock, an engine or a request."""
     if request.judge is None or request.template is None:
         raise SysbenchError("--dry-run estimates a judge's cost: pass --by judge --judge ... --judge-model ...")
+    check_arena_out(request)
     runs, baseline = _load(request)
+    _check_same_arena(RunDir(request.out), request)
     plan = _plan(request, runs, baseline)
     settings = _judge_settings(request, RunDir(request.out), plan)
     assert settings is not None
@@ -183,31 +233,134 @@ def plan_dry_run(request: ArenaRequest) -> dict[str, Any]:
 
 
 def run_arena(request: ArenaRequest, engine_factory: Callable[[], Any] | None = None) -> dict[str, Any]:
-    """Play what is missing, then write ratings.json, the leaderboards, the figures and the manifest."""
-    prepare_directory(request.out, "arena directory")
-    with stage_lock(request.out, STAGE):
-        return _run(request, engine_factory)
+    """Play what is missing, then write ratings.json, the leaderboards, the figures and the manifest.
 
-
-def _run(request: ArenaRequest, engine_factory: Callable[[], Any] | None) -> dict[str, Any]:
-    out = RunDir(request.out)
-    _check_same_arena(out, request)
-    started = utc_now()
-    runs, baseline = _load(request)
-    plan = _plan(request, runs, baseline)
+    Every refusal comes before the folder is made: ``--out``, the runs, what the folder holds, and
+    whether any battle can have an outcome. A folder this call made is removed again if the call
+    stops before it stored anything there.
+    """
     if request.by == "judge" and (request.judge is None or request.template is None or engine_factory is None):
         raise SysbenchError("--by judge needs --judge {openai,vllm,hf} and --judge-model NAME")
+    started = utc_now()
+    check_arena_out(request)
+    runs, baseline = _load(request)
+    _check_same_arena(RunDir(request.out), request)
+    _check_outcomes_possible(request, runs, _plan(request, runs, baseline))
+    made = not request.out.exists()
+    prepare_directory(request.out, "folder for the arena")
+    try:
+        with stage_lock(request.out, STAGE):
+            return _run(request, engine_factory, runs, baseline, started)
+    except BaseException:
+        if made:
+            _remove_if_empty(request.out)
+        raise
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """A folder this call made, when it holds nothing (empty folders such as a reply cache never written to)."""
+    if not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        if entry.is_dir() and not entry.is_symlink() and not any(entry.iterdir()):
+            entry.rmdir()
+    if not any(folder.iterdir()):
+        folder.rmdir()
+
+
+def _check_outcomes_possible(request: ArenaRequest, runs: Sequence[ArenaRun], plan: Plan) -> None:
+    """Refuse, before anything is written, a call after which no battle could have an outcome."""
+    kept = {key: record for key, record in plan.records.items() if key not in plan.to_replace}
+    if outcomes(kept, {(a.key, b.key) for a, b in plan.chosen})[0]:
+        return
+    if request.by == "judge":
+        if questions(plan.chosen, set(kept)):
+            return  # the judge decides; a call whose every answer fails to parse keeps them and says so
+        if kept:
+            raise SysbenchError(
+                f"{request.out / BATTLES}: no battle has an outcome ({len(kept)} battle records, none parsed in "
+                "both orders); rerun with --retry-unparsed to ask the judge again"
+            )
+    elif any(_judged_in_both(a, b) for a, b in plan.chosen):
+        return
+    raise SysbenchError(_no_battle_reason(request, runs, plan.chosen))
+
+
+def _judged_in_both(a: ArenaRun, b: ArenaRun) -> bool:
+    return any(a.points.get(key) is not None and b.points.get(key) is not None for key in battle_turns(a, b))
+
+
+def _no_battle_reason(request: ArenaRequest, runs: Sequence[ArenaRun], chosen: Sequence[Pair]) -> str:
+    """Why no pair has a battle: a run (and its file) with no reply or no verdict, or a pair with no turn shared."""
+    playing = {run.key for pair in chosen for run in pair}
+    for run in runs:
+        if run.key in playing and not any(run.reply(key) is not None for key in run.generations):
+            return (
+                f"arena: {Path(run.given) / GENERATIONS}: run {run.given} has no reply to battle with; "
+                "generate it first"
+            )
+    if request.by == "verdicts":
+        for run in runs:
+            if run.key in playing and all(points is None for points in run.points.values()):
+                return (
+                    f"arena: {Path(run.given) / JUDGMENTS}: run {run.given} has no judged turn, so no verdict "
+                    f"battle; judge it first (sysbench-gpu judge {run.given} ...), or use --by judge"
+                )
+    a, b = chosen[0]
+    what = "answered and judged" if request.by == "verdicts" else "answered"
+    return (
+        f"arena: no turn is {what} in both {a.given} and {b.given} ({GENERATIONS}, {JUDGMENTS}); "
+        "no battle can be played"
+    )
+
+
+class _AnnouncedStore(BattleStore):
+    """``battles.jsonl`` that runs ``announce`` once, just before this call's first battle is stored."""
+
+    def __init__(self, out: Path, announce: Callable[[], None]) -> None:
+        super().__init__(out)
+        self._announce: Callable[[], None] | None = announce
+
+    def announce(self) -> None:
+        if self._announce is not None:
+            announce, self._announce = self._announce, None
+            announce()
+
+    def append(self, records: Iterable[BattleRecord]) -> int:
+        batch = list(records)
+        if batch:
+            self.announce()
+        return super().append(batch)
+
+
+def _run(
+    request: ArenaRequest,
+    engine_factory: Callable[[], Any] | None,
+    runs: Sequence[ArenaRun],
+    baseline: ArenaRun | None,
+    started: str,
+) -> dict[str, Any]:
+    out = RunDir(request.out)
+    # Checked again under the lock: another arena may have stored battles since the checks before it.
+    _check_same_arena(out, request)
+    plan = _plan(request, runs, baseline)
+    _check_outcomes_possible(request, runs, plan)
     settings = _judge_settings(request, out, plan)
-    store = BattleStore(request.out)
-    # The mode and the runs go in the manifest before any battle: an interrupted arena still says what it played.
-    out.update_manifest(stage=STAGE, status="running", **_manifest_fields(request, runs, started))
-    store.set_aside(plan.to_replace)
+
+    def announce() -> None:
+        # The mode and the runs go in the manifest before the first battle: an interrupted arena says what it
+        # played; stored battles to be played again are set aside only now, when a new one is about to take over.
+        out.update_manifest(stage=STAGE, status="running", **_manifest_fields(request, runs, started))
+        store.set_aside(plan.to_replace)
+
+    store = _AnnouncedStore(request.out, announce)
     records = {key: record for key, record in plan.records.items() if key not in plan.to_replace}
     done = set(records)
     chosen = plan.chosen
     played = 0
     judge_summary = None
     if request.by == "verdicts":
+        store.announce()  # verdict battles cannot fail past the checks above; changed ones are replaced here
         with _progress(len(chosen), "arena: pairs", "pair", request.show_progress) as bar:
             for a, b in chosen:
                 new = verdict_battles(a, b, done)
@@ -218,9 +371,17 @@ def _run(request: ArenaRequest, engine_factory: Callable[[], Any] | None) -> dic
         assert settings is not None and request.template is not None and engine_factory is not None
         pending = questions(chosen, done)
         judge_summary = judge_questions(
-            pending, request.template, settings, engine_factory, request.out, store, request.show_progress
+            pending,
+            request.template,
+            settings,
+            engine_factory,
+            request.out,
+            store,
+            request.show_progress,
+            log_every=request.log_every,
         )
         played = judge_summary.judged + judge_summary.unparsed
+        store.announce()  # nothing was asked (all stored): the manifest still records this call
         records = store.read()
         if plan.retry:
             out.update_manifest(stage=STAGE, retry_rounds=settings.retry_round)
@@ -237,8 +398,9 @@ def _run(request: ArenaRequest, engine_factory: Callable[[], Any] | None) -> dic
         out.update_manifest(stage=STAGE, status="no outcomes", finished=utc_now(), **counts)
         retry = "; rerun with --retry-unparsed to ask the judge again" if unparsed else ""
         raise SysbenchError(
-            f"{request.out}: no battle has an outcome yet ({len(records)} battle records, {unparsed} unparsed; "
-            f"a judged battle needs both orders parsed, a verdict battle a turn judged in both runs){retry}"
+            f"{request.out / BATTLES}: no battle has an outcome yet ({len(records)} battle records, "
+            f"{unparsed} unparsed; a judged battle needs both orders parsed, a verdict battle a turn judged in both "
+            f"runs){retry}"
         )
     result = rate(
         runs,

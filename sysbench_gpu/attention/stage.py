@@ -41,8 +41,10 @@ from typing import Any
 from sysbench_gpu.attention.analysis.knockout_report import finish_knockout
 from sysbench_gpu.attention.analysis.report import draw_figures, finish, print_summary
 from sysbench_gpu.attention.capture.conversation import RunConversations, conversation_turns
-from sysbench_gpu.attention.capture.knockout import run_knockout
+from sysbench_gpu.attention.capture.knockout import check_knockout_settings, run_knockout
+from sysbench_gpu.attention.capture.layers import resolve_layers
 from sysbench_gpu.attention.capture.layout import (
+    _DTYPES,
     Distributed,
     LoadPlan,
     check_tensor_parallel_heads,
@@ -52,13 +54,23 @@ from sysbench_gpu.attention.capture.layout import (
     wait_for_ranks,
 )
 from sysbench_gpu.attention.capture.measure import SPAN_NAMES, STAGE, measure_sessions, session_arrays
-from sysbench_gpu.attention.files.store import check_settings, load_session, read_manifest, session_path, skip_path
+from sysbench_gpu.attention.files.store import (
+    check_attention_out,
+    check_settings,
+    load_session,
+    read_manifest,
+    session_path,
+    skip_path,
+)
 from sysbench_gpu.attention.files.turn_table import merge_turn_table
 from sysbench_gpu.benchmarks.registry import load_run_sessions
+from sysbench_gpu.core.arguments import check_finite, check_integer, check_out_folder, parse_layer_spec
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.locks import stage_lock
+from sysbench_gpu.core.progress import add_progress_flags
 from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.core.sessions import parse_session_ids, select_sessions
+from sysbench_gpu.engines.model_depth import config_depth
 from sysbench_gpu.engines.models import resolve_model
 
 # Names other modules and tests import from here (the stage's former contents, now in its parts).
@@ -145,6 +157,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--figure-session", type=int, help="session for the per-token figure (default: the first one)")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates for confidence intervals")
     parser.add_argument("--wait-timeout", type=float, default=86400.0, help="rank 0: seconds to wait for other ranks")
+    add_progress_flags(parser)
     parser.set_defaults(func=cmd_attention)
 
     plot = subparsers.add_parser(
@@ -185,6 +198,7 @@ def cmd_attention(args: argparse.Namespace) -> int:
         # How the run built its conversations (generate's manifest): what every forward holds.
         "conversation": {"history": conversations.history, "distractor_turns": conversations.distractor_turns},
     }
+    check_attention_args(args, run, sessions, out, dist, plan, settings)
     # One writer per output directory: each process that writes holds its lock for the whole stage.
     # Data-parallel ranks each write their own files (one lock per rank); under tensor parallel only rank 0 writes.
     writes = plan.splits_sessions or dist.rank == 0
@@ -192,6 +206,47 @@ def cmd_attention(args: argparse.Namespace) -> int:
         return _measure_and_finish(
             args, run, sessions, generations, replies, conditions, out, dist, plan, settings, conversations
         )
+
+
+def check_attention_args(
+    args: argparse.Namespace,
+    run: RunDir,
+    sessions: list[Any],
+    out: Path,
+    dist: Distributed,
+    plan: LoadPlan,
+    settings: dict[str, Any],
+) -> None:
+    """Every flag, --out and an earlier output's settings, checked before --out is made or the model loads.
+
+    Layer numbers are checked against the model's config (no weights): ``5-2`` is empty, ``99`` out of range.
+    """
+    check_integer(args.chunk_tokens, "--chunk-tokens", 1)
+    check_integer(args.chunk_mib, "--chunk-mib", 1)
+    check_finite(args.wait_timeout, "--wait-timeout", positive=True)
+    if args.dtype != "auto" and args.dtype not in _DTYPES:  # the load's own check, which runs after the manifest
+        raise SysbenchError(f"--dtype: unknown dtype {args.dtype!r} (auto, float32, bfloat16, float16)")
+    knockout = getattr(args, "knockout", None)
+    if knockout:
+        parse_layer_spec(args.knockout_layers, None, "--knockout-layers")
+        if plan.layout == "tensor-parallel":
+            raise SysbenchError("--knockout does not run under --tensor-parallel; run it on one device or a device map")
+    check_attention_out(out, run.path, alone=dist.world == 1)
+    if plan.layout == "tensor-parallel":
+        check_model_splits(args.model, dist.world)
+    if (out / "manifest.json").exists():
+        check_settings(out, settings, write=False)  # a refused rerun stores nothing
+        if knockout:
+            check_knockout_settings(out, {"span": knockout, "layers_spec": args.knockout_layers})
+    if args.figure_session is not None and not args.no_figures:
+        measured = {session.system_id for session in sessions}
+        if args.figure_session not in measured and not session_path(out, args.figure_session, "system").exists():
+            raise SysbenchError(f"--figure-session {args.figure_session}: not among the sessions this command measures")
+    n_layers = config_depth(args.model).n_layers
+    if n_layers is not None:
+        resolve_layers(args.layers, n_layers)
+        if knockout:
+            parse_layer_spec(args.knockout_layers, n_layers, "--knockout-layers")
 
 
 def _measure_and_finish(
@@ -293,11 +348,27 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+FIGURE_STEMS = ("turn_means_", "token_shares_")
+
+
+def _holds_only_figures(folder: Path) -> bool:
+    """An earlier ``attention-plot --out``: nothing in it but the figures it draws."""
+    return all(entry.is_file() and entry.name.startswith(FIGURE_STEMS) for entry in folder.iterdir())
+
+
 def cmd_attention_plot(args: argparse.Namespace) -> int:
     dirs = [Path(d) for d in args.dirs]
     names = [n.strip() for n in args.names.split(",")] if args.names else None
     if names and len(names) != len(dirs):
         raise SysbenchError(f"--names gives {len(names)} names for {len(dirs)} directories")
+    for directory in dirs:
+        read_manifest(directory)  # a folder that is not an attention output: one line before any figure
+    # A figure folder inside an attention folder is fine (ATT/figures); the attention folder itself is not.
+    check_out_folder(args.out, inputs=dirs, inside_inputs=True, is_own=_holds_only_figures, kind="figure folder")
+    if args.session is not None and not any(
+        session_path(dirs[0], args.session, condition).exists() for condition in ("system", "control")
+    ):
+        raise SysbenchError(f"--session {args.session}: not measured in {dirs[0]}")
     written = draw_figures(dirs, Path(args.out), names, args.session, layer_label=args.layer)
     for path in written:
         print(path)

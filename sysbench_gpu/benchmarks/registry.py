@@ -135,7 +135,7 @@ def one_benchmark(labelled: Sequence[tuple[str, Benchmark]], verb: str) -> Bench
     for label, benchmark in labelled[1:]:
         if benchmark.name != first.name:
             raise SysbenchError(
-                f"{verb}: cannot {verb} {first.title or first.name} runs with {benchmark.title or benchmark.name} "
+                f"{verb}: cannot mix {first.title or first.name} runs with {benchmark.title or benchmark.name} "
                 f"runs ({label} is one; {first_label} is not); give runs of one benchmark at a time"
             )
     return first

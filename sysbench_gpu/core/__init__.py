@@ -9,4 +9,6 @@
 - ``jsonio``, ``jsonl``, ``locks``, ``redact``: JSON reading, locked appends, one writer per stage, secrets.
 - ``verdicts``: the verdict vocabulary; ``stats``: session bootstrap and CIs.
 - ``tables``, ``plotting``: tables rendered as Markdown/LaTeX and figure plumbing (matplotlib lazily).
+- ``arguments``: the checks of the flags many verbs share, run before any folder is made; ``verb_args``: a
+  verb's arguments from Python values; ``progress``: a bar on a terminal, timed lines in a log file.
 """

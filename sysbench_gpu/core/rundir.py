@@ -23,8 +23,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -51,6 +52,8 @@ GENERATIONS = "generations.jsonl"
 JUDGMENTS = "judgments.jsonl"
 STATS = "stats.json"
 SCHEMA_VERSION = 1
+# Set by `sysbench-gpu run` for each step it starts: the manifest records the plan the run was made from.
+PLAN_PATH_ENV, PLAN_SHA256_ENV = "SYSBENCH_GPU_PLAN_PATH", "SYSBENCH_GPU_PLAN_SHA256"
 
 
 Record = TypeVar("Record", GenerationRecord, JudgmentRecord)
@@ -168,6 +171,20 @@ def package_versions(
     return versions
 
 
+def plan_origin(environ: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """The plan a step of ``sysbench-gpu run`` comes from (``plan: {path, sha256}``); None for a verb typed by hand."""
+    environ = os.environ if environ is None else environ
+    path, sha256 = environ.get(PLAN_PATH_ENV), environ.get(PLAN_SHA256_ENV)
+    if path is None and sha256 is None:
+        return None
+    if not path or sha256 is None or re.fullmatch(r"[0-9a-f]{64}", sha256) is None:
+        raise SysbenchError(
+            f"{PLAN_PATH_ENV}={path!r} and {PLAN_SHA256_ENV}={sha256!r}: expected a plan's path and its SHA-256 "
+            "(64 lowercase hex digits), as `sysbench-gpu run` sets them"
+        )
+    return {"path": path, "sha256": sha256}
+
+
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder, fsync'ed, then renamed."""
     path = Path(path)
@@ -239,6 +256,9 @@ class RunDir:
         manifest.setdefault("created", now)
         manifest["updated"] = now
         manifest["versions"] = package_versions()
+        origin = plan_origin()
+        if origin is not None:
+            manifest["plan"] = origin  # the last plan that wrote here (`sysbench-gpu run`)
         if stage is None:
             manifest.update(fields)
         else:

@@ -21,6 +21,7 @@ from typing import Any
 
 from sysbench_gpu.core.chat import ChatMessage
 from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.progress import stderr_is_terminal
 from sysbench_gpu.engines.base import Completion, SamplingSpec
 from sysbench_gpu.engines.cpu_threads import choose_cpu_threads
 from sysbench_gpu.engines.grammar import SchemaGrammars
@@ -279,7 +280,9 @@ class HFEngine:
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         chunks = [order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)]
         results: list[Completion | None] = [None] * len(prompts)
-        for chunk in tqdm(chunks, desc="hf batches", unit="batch", disable=len(chunks) < 2, leave=False):
+        # No bar in a log file: its \r frames would fill it (the stage's own progress lines cover the wait).
+        quiet = len(chunks) < 2 or not stderr_is_terminal()
+        for chunk in tqdm(chunks, desc="hf batches", unit="batch", disable=quiet, leave=False):
             batch = self._generate_batch(
                 [prompts[i] for i in chunk], kwargs, [spans[i] for i in chunk], ignore_eos, schema
             )

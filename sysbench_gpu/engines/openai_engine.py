@@ -31,6 +31,7 @@ from urllib.parse import urlparse
 
 from sysbench_gpu.core.chat import ChatMessage
 from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.jsonio import json_type
 from sysbench_gpu.core.redact import RedactionTally, Secrets, redact_settings, redact_url
 from sysbench_gpu.engines.base import Completion, SamplingSpec
 from sysbench_gpu.engines.retry import (
@@ -53,6 +54,35 @@ RETRY_STATUS = frozenset({408, 409, 425, 429})
 OPENAI_API_URL = "https://api.openai.com/v1"
 # OpenAI's own API: no repetition_penalty field (see the module doc).
 NO_REPETITION_PENALTY_HOSTS = frozenset({"api.openai.com"})
+
+
+# Request fields the tool sets itself, each with what sets them instead. The client library merges
+# ``extra_body`` over the body's own fields, so an ``--extra-body`` holding one of these would send
+# what the run does not record (the manifest's model and sampling), or break how replies are read.
+RESERVED_BODY_FIELDS: dict[str, str] = {
+    "model": "use --model",
+    "messages": "the messages come from --data and --history",
+    "max_tokens": "use --max-tokens",
+    "max_completion_tokens": "use --max-tokens",
+    "temperature": "use --temperature",
+    "top_p": "use --top-p",
+    "top_k": "use --top-k",
+    "seed": "use --seed",
+    "repetition_penalty": "use --repetition-penalty",
+    "ignore_eos": "use --ignore-eos",
+    "stream": "the tool reads whole replies, not streams",
+    "n": "the tool records one reply per request",
+}
+
+
+def check_extra_body(body: Any, flag: str = "--extra-body") -> dict[str, Any]:
+    """``body`` as a request's extra fields: a JSON object holding none of the fields the tool sets itself."""
+    if not isinstance(body, Mapping):
+        raise SysbenchError(f"{flag}: expected a JSON object, found {json_type(body)}")
+    for name in body:
+        if name in RESERVED_BODY_FIELDS:
+            raise SysbenchError(f"{flag}: field {name!r} is one the tool sets itself; {RESERVED_BODY_FIELDS[name]}")
+    return dict(body)
 
 
 def server_takes_repetition_penalty(base_url: str | None) -> bool:
@@ -111,8 +141,8 @@ class OpenAIEngine:
         self.timeout = timeout
         self._context_length = context_length
         # Server-specific request fields sent with every request (vLLM's min_tokens, transformers
-        # serve's generation_config); the sampling flags win where both set a field.
-        self.extra_body = dict(extra_body or {})
+        # serve's generation_config); none of the fields the tool sets itself (RESERVED_BODY_FIELDS).
+        self.extra_body = check_extra_body(extra_body or {})
         self.policy = RetryPolicy(max_retries=max_retries, base_delay_s=backoff_base_s, max_delay_s=backoff_max_s)
         self.retries = RetryCounter()
         self._clock = clock

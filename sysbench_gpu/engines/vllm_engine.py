@@ -11,9 +11,10 @@ Layouts (see docs/engines.md and launch/):
 * ``distributed_executor_backend="external_launcher"``: started by ``torchrun``;
   every rank builds the same LLM and runs the same batch, and only rank 0
   (``RANK`` in the environment) is ``is_primary`` and writes files;
-* ``data_parallel_size=N``: N independent replicas in N worker processes
-  (``engines.vllm_replicas``), each on its own ``tp * pp`` GPUs and port range; a
-  batch is split across them by session and gathered back in input order.
+* ``data_parallel_size=N``: N independent replicas as Ray actors (``engines.ray_pool``),
+  each on its own ``tp * pp`` GPUs (a placement group per replica, anywhere in the
+  cluster: ``ray_address``) and port range; a batch is split across them by session and
+  gathered back in input order.
 
 Memory is sized from what is free (``engines.vllm_memory``); a start-up failure is one
 line naming the root cause and what to change, with vLLM's own output in a log file
@@ -31,10 +32,14 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from sysbench_gpu.core.arguments import check_ray_address
 from sysbench_gpu.core.chat import ChatMessage
 from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.progress import stderr_is_terminal
 from sysbench_gpu.engines.base import Completion, SamplingSpec
 from sysbench_gpu.engines.models import cache_dir, resolve_model
+from sysbench_gpu.engines.ray_pool import RayReplicaPool, ReplicaSpec
+from sysbench_gpu.engines.replicas import DEFAULT_MAX_RESTARTS, load_factory, replica_port_bases
 from sysbench_gpu.engines.startup import (
     capture_output,
     startup_failure,
@@ -45,12 +50,6 @@ from sysbench_gpu.engines.vllm_memory import (
     plan_memory,
     read_node_memory,
     weights_bytes,
-)
-from sysbench_gpu.engines.vllm_replicas import (
-    ReplicaPool,
-    load_factory,
-    replica_envs,
-    visible_gpus,
 )
 
 log = logging.getLogger(__name__)
@@ -194,7 +193,8 @@ class LocalVLLM:
             return []
         params = self.sampling_params(sampling)
         messages = [[{"role": m["role"], "content": m["content"]} for m in conv] for conv in conversations]
-        outputs = self._llm.chat(messages, params, use_tqdm=True)
+        # vLLM's bar only where a terminal draws it; in a log file the stage's progress lines stand in.
+        outputs = self._llm.chat(messages, params, use_tqdm=stderr_is_terminal())
         return [_completion(output) for output in outputs]
 
     def sampling_params(self, sampling: SamplingSpec) -> Any:
@@ -359,8 +359,10 @@ class VLLMEngine:
         startup_log_dir: str | None = None,
         max_num_batched_tokens: int | None = None,
         max_num_seqs: int | None = None,
+        ray_address: str | None = None,
         *,
         replica_factory: str = "sysbench_gpu.engines.vllm_engine:LocalVLLM",
+        max_replica_restarts: int = DEFAULT_MAX_RESTARTS,
     ) -> None:
         for label, value in (
             ("tensor_parallel_size", tensor_parallel_size),
@@ -376,10 +378,15 @@ class VLLMEngine:
                 raise SysbenchError(f"vllm engine: {label} must be >= 1, got {count}")
         if kv_cache_memory_bytes is not None and kv_cache_memory_bytes <= 0:
             raise SysbenchError(f"vllm engine: kv_cache_memory_bytes must be positive, got {kv_cache_memory_bytes}")
-        if data_parallel_size > 1 and distributed_executor_backend in ("external_launcher", "ray"):
+        if data_parallel_size > 1 and distributed_executor_backend == "external_launcher":
             raise SysbenchError(
-                f"vllm engine: data_parallel_size > 1 runs replicas on this node and cannot be combined with "
-                f"distributed_executor_backend={distributed_executor_backend!r}; use tensor/pipeline parallel there"
+                "vllm engine: data_parallel_size > 1 runs replicas as Ray actors and cannot be combined with "
+                "distributed_executor_backend='external_launcher' (torchrun starts every rank itself)"
+            )
+        address = check_ray_address(ray_address, flag="ray_address")
+        if address is not None and data_parallel_size < 2:
+            raise SysbenchError(
+                "vllm engine: ray_address places data-parallel replicas; it needs data_parallel_size 2 or more"
             )
         self.model = model
         self.settings: dict[str, Any] = dict(
@@ -408,26 +415,37 @@ class VLLMEngine:
         if data_parallel_size > 1:
             # Replicas start together and read the same free memory: each sizes its share.
             replica_options["replicas_sharing_memory"] = data_parallel_size
+            if distributed_executor_backend is None and tensor_parallel_size * pipeline_parallel_size > 1:
+                # Inside a Ray placement group vLLM would default to its Ray executor and wait for GPU
+                # bundles the replica's actor already holds; its own worker processes use those GPUs.
+                replica_options["distributed_executor_backend"] = "mp"
         self._local: Any = None
-        self._pool: ReplicaPool | None = None
-        self._device_groups: list[list[str]] | None = None
-        self._replica_ports: list[str] | None = None
+        self._pool: RayReplicaPool | None = None
         if data_parallel_size == 1:
             self._local = load_factory(replica_factory)(**replica_options)
         else:
-            envs, self._device_groups = replica_envs(
-                data_parallel_size, tensor_parallel_size * pipeline_parallel_size, visible_gpus(), os.environ
+            spec = ReplicaSpec(
+                label="vllm engine",
+                factory=replica_factory,
+                options=replica_options,
+                count=data_parallel_size,
+                cpus=1,
+                gpus=tensor_parallel_size * pipeline_parallel_size,
+                # vLLM's Ray executor places its own workers in the replica's GPU bundles (PP may span nodes).
+                gpu_bundles=distributed_executor_backend == "ray",
+                envs=tuple({"VLLM_PORT": str(port)} for port in replica_port_bases(data_parallel_size, os.environ)),
+                max_restarts=max_replica_restarts,
             )
-            if self._device_groups is None:
-                log.warning("vllm engine: no GPU visible; %d replicas share the CPU", data_parallel_size)
-            self._replica_ports = [env["VLLM_PORT"] for env in envs]
-            log.info("vllm engine: starting %d data-parallel replicas", data_parallel_size)
-            self._pool = ReplicaPool(replica_factory, replica_options, envs)
-        self._info: dict[str, Any] = self._call("runtime_info")
+            self._pool = RayReplicaPool(spec, address)
+        try:
+            self._info: dict[str, Any] = self._call("runtime_info")
+        except BaseException:
+            self.close()
+            raise
 
     def _call(self, method: str, *args: Any) -> Any:
         if self._pool is not None:
-            return self._pool.call(0, method, *args)  # every replica holds the same model
+            return self._pool.call(method, *args)  # every replica holds the same model
         return getattr(self._local, method)(*args)
 
     # --- Engine protocol -----------------------------------------------------
@@ -459,10 +477,8 @@ class VLLMEngine:
         described["defaults"] = {"max_tokens": DEFAULT_MAX_TOKENS, **self._info.get("model_default_sampling", {})}
         # Replicas inherit this process's environment, so one record holds for all of them.
         described.update(batch_invariance())
-        if self._device_groups is not None:
-            described["replica_gpus"] = [",".join(g) for g in self._device_groups]
-        if self._replica_ports is not None:
-            described["replica_vllm_ports"] = self._replica_ports
+        if self._pool is not None:
+            described["replicas"] = self._pool.describe()  # placement, node, requests and restarts of each
         return described
 
     def close(self) -> None:

@@ -28,11 +28,12 @@ from typing import Any
 from tqdm import tqdm
 
 from sysbench_gpu import __version__
+from sysbench_gpu.core.arguments import check_out_folder
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.rundir import package_versions, utc_now, write_bytes_atomic, write_json_atomic
 from sysbench_gpu.explore import attention as attn
 from sysbench_gpu.explore import data, interp, sessions
-from sysbench_gpu.explore.arena import build_arena_pages
+from sysbench_gpu.explore.arena import ArenaPages, load_arena_pages, write_arena_pages
 from sysbench_gpu.explore.scripts import js_assignment, keyed_assignment
 from sysbench_gpu.reporting.report import EXPLORER_DIRNAME
 
@@ -49,6 +50,7 @@ ASSETS = (
     "explore_interp.js",
 )
 DATA_INDEX = "data/index.js"
+ARENA_INDEX = "data/arena/index.js"
 INDEX_GLOBAL = "SYSBENCH_EXPLORE_INDEX"
 SESSIONS_GLOBAL = "SYSBENCH_EXPLORE_SESSIONS"
 ATTENTION_GLOBAL = "SYSBENCH_EXPLORE_ATTENTION"
@@ -67,12 +69,14 @@ def session_file(kind: str, key: str) -> str:
 # ---------------------------------------------------------------- the site
 
 
-def _check_out(out: Path) -> None:
-    """Refuse to write into a non-empty folder that is not an earlier explorer site."""
-    if out.exists() and not out.is_dir():
-        raise SysbenchError(f"{out}: --out exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not (out / DATA_INDEX).is_file():
-        raise SysbenchError(f"{out}: folder is not empty and is not an explorer site; choose another --out")
+def is_site(path: Path) -> bool:
+    """An earlier explorer site: the runs' pages, an arena's, or both."""
+    return (path / DATA_INDEX).is_file() or (path / ARENA_INDEX).is_file()
+
+
+def check_site_out(out: str | Path, inputs: Sequence[str | Path]) -> Path:
+    """``--out``: none of the inputs (runs, attention or arena folders) nor inside one, and empty or a site."""
+    return check_out_folder(out, inputs=inputs, kind="explorer site", is_own=is_site)
 
 
 def _write(out: Path, relative: str, payload: bytes, written: set[str]) -> int:
@@ -118,8 +122,7 @@ def build_site(
         # Checked here: a run whose metrics fail is shown as unscored, which would hide a bad flag.
         raise SysbenchError(f"--resamples must be at least 1, got {resamples}")
     started = time.perf_counter()
-    out = Path(out)
-    _check_out(out)
+    out = check_site_out(out, [*run_dirs, *attention_dirs])
     views = [data.load_run_view(path, resamples, seed) for path in _progress(run_dirs, "runs", "run", progress)]
     views = data.unique_labels(views)
     by_path = {view.path.resolve(): (view.label, data.run_keys(view)) for view in views}
@@ -253,25 +256,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_explore(args: argparse.Namespace) -> int:
-    if args.arena and not args.runs:
-        return _cmd_arena(args)
-    summary = build_site(
-        args.runs, args.out, args.attention, resamples=args.resamples, seed=args.seed, title=args.title
-    )
-    out = Path(args.out)
-    print(
-        f"wrote {out / 'index.html'}: {summary['n_runs']} run(s), {summary['n_sessions']} sessions "
-        f"({summary['n_sessions_with_attention']} with attention), {summary['files_written']} files, "
-        f"{summary['data_bytes'] / 1e6:.1f} MB of data in {summary['seconds']:.1f} s"
-    )
-    return _cmd_arena(args) if args.arena else 0
+    # Every input is read and checked before the first file is written: --out, then the arena, then the runs.
+    out = check_site_out(args.out, [*args.runs, *args.attention, *([args.arena] if args.arena else [])])
+    pages = load_arena_pages(args.arena) if args.arena else None
+    if args.runs or not args.arena:
+        summary = build_site(args.runs, out, args.attention, resamples=args.resamples, seed=args.seed, title=args.title)
+        print(
+            f"wrote {out / 'index.html'}: {summary['n_runs']} run(s), {summary['n_sessions']} sessions "
+            f"({summary['n_sessions_with_attention']} with attention), {summary['files_written']} files, "
+            f"{summary['data_bytes'] / 1e6:.1f} MB of data in {summary['seconds']:.1f} s"
+        )
+    if pages is not None:
+        _write_arena(pages, out)
+    return 0
 
 
-def _cmd_arena(args: argparse.Namespace) -> int:
-    """The arena page, beside a site of the runs or alone (after the site: it refuses a folder that is not one)."""
-    arena = build_arena_pages(args.arena, args.out)
+def _write_arena(pages: ArenaPages, out: Path) -> None:
+    """The arena page, beside a site of the runs or alone."""
+    arena = write_arena_pages(pages, out)
     print(
-        f"wrote {Path(args.out) / 'arena.html'}: {arena['n_battles']} battles in {arena['n_sessions']} sessions, "
+        f"wrote {out / 'arena.html'}: {arena['n_battles']} battles in {arena['n_sessions']} sessions, "
         f"{arena['data_bytes'] / 1e6:.1f} MB of data"
     )
-    return 0

@@ -2,7 +2,8 @@
 
 The scheduler is ``generation.scheduler``; what each turn sees is ``generation.plan``. Errors that
 need no model (a mismatched run directory, missing references, an ablation the data
-cannot have) are found before the engine loads.
+cannot have) are found before the engine loads: ``job_from_args`` turns the flags into a checked
+``generation.job.GenerationJob``, which the verb, ``generation.api.generate`` and a plan's step run.
 """
 
 from __future__ import annotations
@@ -10,21 +11,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
+from pathlib import Path
 from typing import Any
 
-from sysbench_gpu.benchmarks.registry import benchmark_names, generation_presets, load_dataset
+from sysbench_gpu.benchmarks.registry import benchmark_names, generation_presets
 from sysbench_gpu.core.ablation_files import DEFAULT_DISTRACTOR_SEED
+from sysbench_gpu.core.arguments import check_finite, check_integer
 from sysbench_gpu.core.errors import SysbenchError
-from sysbench_gpu.core.locks import is_primary_rank, stage_lock
-from sysbench_gpu.core.rundir import GENERATIONS, RunDir
-from sysbench_gpu.core.sessions import Dataset, Session, parse_session_ids
-from sysbench_gpu.engines import get_engine
+from sysbench_gpu.core.progress import add_progress_flags
+from sysbench_gpu.core.redact import redact_settings
+from sysbench_gpu.core.sessions import parse_session_ids
 from sysbench_gpu.engines.base import SamplingSpec
-from sysbench_gpu.engines.models import resolve_model
-from sysbench_gpu.engines.openai_engine import check_repetition_penalty
-from sysbench_gpu.generation.plan import HISTORY_MODES, select_for_reference_history
-from sysbench_gpu.generation.run import run_generation
-from sysbench_gpu.generation.settings import OVERFLOW_POLICIES, STAGE, GenerateSettings, check_compatible
+from sysbench_gpu.engines.hf import _DTYPES as HF_DTYPES
+from sysbench_gpu.engines.openai_engine import check_extra_body
+from sysbench_gpu.generation.job import GenerationJob, prepare_generation, run_generation_job
+from sysbench_gpu.generation.plan import HISTORY_MODES
+from sysbench_gpu.generation.settings import OVERFLOW_POLICIES, GenerateSettings
 from sysbench_gpu.modeling.steering import Steering, read_steer_heads
 
 # CLI flag (argparse dest) -> engine keyword, per engine. A flag set for an engine that
@@ -37,6 +40,8 @@ ENGINE_FLAGS: dict[str, dict[str, str]] = {
         "device_map": "device_map",
         "seed": "seed",
         "cpu_threads": "cpu_threads",
+        "data_parallel_size": "data_parallel_size",
+        "ray_address": "ray_address",
     },
     "vllm": {
         "tensor_parallel_size": "tensor_parallel_size",
@@ -52,6 +57,7 @@ ENGINE_FLAGS: dict[str, dict[str, str]] = {
         "max_num_batched_tokens": "max_num_batched_tokens",
         "max_num_seqs": "max_num_seqs",
         "kv_cache_memory_bytes": "kv_cache_memory_bytes",
+        "ray_address": "ray_address",
     },
     "openai": {
         "base_url": "base_url",
@@ -153,7 +159,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="error",
         help="when prompt + max tokens exceeds the context (default: error)",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
+    add_progress_flags(parser)
     sampling = parser.add_argument_group("sampling (default: the model's own generation config)")
     sampling.add_argument("--max-tokens", type=int)
     sampling.add_argument("--temperature", type=float)
@@ -185,10 +192,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     hf.add_argument("--steer-heads", metavar="FILE", help="JSON list of [layer, head] pairs to steer (the head map's)")
     both = parser.add_argument_group("hf and vllm engines")
     both.add_argument("--dtype", help="bfloat16, float16, float32 or auto")
+    both.add_argument(
+        "--data-parallel-size",
+        type=int,
+        help="N replicas of the engine as Ray actors, sessions split between them (default 1: no Ray)",
+    )
+    both.add_argument(
+        "--ray-address",
+        metavar="auto|HOST:PORT",
+        help="join this Ray cluster for the replicas (default: a local Ray started for the run, on 127.0.0.1)",
+    )
     vllm = parser.add_argument_group("vllm engine")
     vllm.add_argument("--tensor-parallel-size", type=int)
     vllm.add_argument("--pipeline-parallel-size", type=int)
-    vllm.add_argument("--data-parallel-size", type=int)
     vllm.add_argument("--no-prefix-caching", action="store_true")
     vllm.add_argument("--max-model-len", type=int)
     vllm.add_argument("--gpu-memory-utilization", type=float)
@@ -213,7 +229,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     openai.add_argument("--timeout", type=float)
     openai.add_argument(
         "--extra-body",
-        type=json_object,
         metavar="JSON",
         help="fields added to every request body, e.g. '{\"min_tokens\": 8}' (vLLM) or "
         '\'{"generation_config": "..."}\' (transformers serve)',
@@ -221,15 +236,69 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_cmd_generate)
 
 
-def json_object(text: str) -> dict[str, Any]:
-    """A flag's JSON object, or argparse's one-line error."""
+def json_object(text: str, flag: str = "--extra-body") -> dict[str, Any]:
+    """``--extra-body``'s JSON object, checked (``check_extra_body``); one line naming the flag otherwise.
+
+    Parsed in validation rather than as an argparse type, so a bad value is one ``error:`` line without
+    the usage block. NaN and Infinity are refused: they are not JSON, and no server could read the body.
+    """
+
+    def refuse_constant(name: str) -> Any:
+        raise SysbenchError(f"{flag}: {name} is not a JSON value")
+
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=refuse_constant)
     except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"not JSON ({error.msg} at character {error.pos})") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {type(value).__name__}")
-    return value
+        raise SysbenchError(f"{flag}: not JSON ({error.msg} at character {error.pos})") from None
+    except RecursionError:
+        raise SysbenchError(f"{flag}: JSON nested too deeply") from None
+    return check_extra_body(value, flag)
+
+
+# Engine and sampling flags the engines would check only after --out is made and the model loaded (or a
+# server is paid): dest -> (flag, smallest value). The flags every verb shares are in core.arguments.
+GENERATE_INTEGER_FLAGS: dict[str, tuple[str, int]] = {
+    "distractor_turns": ("--distractor-turns", 0),
+    "top_k": ("--top-k", 0),
+    "batch_size": ("--batch-size", 1),
+    "concurrency": ("--concurrency", 1),
+    "max_retries": ("--max-retries", 0),
+    "tensor_parallel_size": ("--tensor-parallel-size", 1),
+    "pipeline_parallel_size": ("--pipeline-parallel-size", 1),
+    "max_model_len": ("--max-model-len", 1),
+    "max_num_batched_tokens": ("--max-num-batched-tokens", 1),
+    "max_num_seqs": ("--max-num-seqs", 1),
+    "kv_cache_memory_bytes": ("--kv-cache-memory-bytes", 1),
+}
+# dest -> (flag, lowest, highest, whether the lowest is allowed); always finite.
+GENERATE_FLOAT_FLAGS: dict[str, tuple[str, float, float, bool]] = {
+    "temperature": ("--temperature", 0.0, math.inf, True),
+    "top_p": ("--top-p", 0.0, 1.0, False),
+    "repetition_penalty": ("--repetition-penalty", 0.0, math.inf, False),
+    "timeout": ("--timeout", 0.0, math.inf, False),
+    "gpu_memory_utilization": ("--gpu-memory-utilization", 0.0, 1.0, False),
+}
+
+
+def check_generate_flags(args: argparse.Namespace) -> None:
+    """``generate``'s own flags, each one line naming the flag, before anything is read or made."""
+    data = Path(args.data)
+    if data.is_dir() and Path(args.out).resolve() == data.resolve():
+        raise SysbenchError(f"{args.out}: --out is the --data folder; choose a new folder for the run")
+    if args.engine == "hf" and args.dtype is not None and args.dtype.lower() not in HF_DTYPES:
+        # The engine's own check runs after --out is made.
+        raise SysbenchError(f"--dtype: unknown dtype {args.dtype!r} for --engine hf ({', '.join(sorted(HF_DTYPES))})")
+    for dest, (flag, minimum) in GENERATE_INTEGER_FLAGS.items():
+        check_integer(getattr(args, dest, None), flag, minimum)
+    for dest, (flag, low, high, low_allowed) in GENERATE_FLOAT_FLAGS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        check_finite(value, flag)
+        if value < low or (value == low and not low_allowed) or value > high:
+            lower = f"{'at least' if low_allowed else 'above'} {low:g}"
+            wanted = lower if math.isinf(high) else f"{lower} and at most {high:g}"
+            raise SysbenchError(f"{flag} must be {wanted}, got {value:g}")
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingSpec:
@@ -248,6 +317,9 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingSpec:
     )
 
 
+_FROM_ARGS = object()  # settings_from_args: build the Steering from the flags
+
+
 def steering_from_args(args: argparse.Namespace) -> Steering | None:
     """The ``--steer-*`` flags as a ``Steering``; None without ``--steer-system``."""
     alpha = getattr(args, "steer_system", None)
@@ -264,10 +336,16 @@ def steering_from_args(args: argparse.Namespace) -> Steering | None:
     return Steering(alpha=alpha, layers_spec=layers, heads=heads, heads_file=heads_file)
 
 
-def settings_from_args(args: argparse.Namespace) -> GenerateSettings:
+def settings_from_args(args: argparse.Namespace, steering: Steering | None | object = _FROM_ARGS) -> GenerateSettings:
+    """The run's settings from the flags; ``steering``: the flags' ``Steering`` when the caller already built it."""
     if args.distractor_seed is not None and not args.distractor_turns:
         raise SysbenchError("--distractor-seed needs --distractor-turns")
-    steering = steering_from_args(args)
+    if isinstance(getattr(args, "extra_body", None), str):
+        args.extra_body = json_object(args.extra_body)  # the engine gets the object (engine_options_from_args)
+    extra_body = getattr(args, "extra_body", None) or None
+    if steering is _FROM_ARGS:
+        steering = steering_from_args(args)
+    assert steering is None or isinstance(steering, Steering)
     return GenerateSettings(
         model=args.model,
         engine=args.engine,
@@ -278,6 +356,8 @@ def settings_from_args(args: argparse.Namespace) -> GenerateSettings:
         distractor_turns=args.distractor_turns,
         distractor_seed=DEFAULT_DISTRACTOR_SEED if args.distractor_seed is None else args.distractor_seed,
         steering=None if steering is None else steering.describe(),
+        # As the manifest stores it (engine_options.extra_body), so a resume compares like with like.
+        extra_body=None if extra_body is None else redact_settings(extra_body, getattr(args, "secrets", None)),
     )
 
 
@@ -310,64 +390,37 @@ def apply_preset(args: argparse.Namespace) -> str | None:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    preset = apply_preset(args)
-    settings = dataclasses.replace(settings_from_args(args), preset=preset)
-    options = engine_options_from_args(args.engine, args)
-    if args.engine == "openai":
-        check_repetition_penalty(args.base_url, settings.sampling.repetition_penalty)
-    dataset = load_dataset(args.data, system_message=args.system_message, task=args.task, benchmark=args.benchmark)
-    ids = parse_session_ids(args.sessions)
-    sessions = dataset.select(ids, args.limit)
-    run_dir = RunDir(args.out)
-    # One writer per run directory; taking the lock also checks --out before a model loads.
-    with stage_lock(run_dir.path, STAGE, enabled=is_primary_rank(options)):
-        return _generate_locked(args, settings, options, dataset, sessions, run_dir)
-
-
-def _generate_locked(
-    args: argparse.Namespace,
-    settings: GenerateSettings,
-    options: dict[str, Any],
-    dataset: Dataset,
-    sessions: list[Session],
-    run_dir: RunDir,
-) -> int:
-    run_dir.ensure_writable([GENERATIONS])
-    # Fail on a mismatched run directory, missing references or an impossible ablation before loading a model.
-    check_compatible(run_dir, settings, dataset)
-    if settings.history == "reference" and not settings.skip_missing_reference:
-        select_for_reference_history(sessions, skip_missing=False)
-    plan = settings.plan(dataset)
-    for session in sessions:
-        plan.distractors(session)
-    model = args.model
-    if args.engine in ("hf", "vllm"):
-        model = resolve_model(args.model)
-    # The command's secrets go to the engine that talks to a server; they are not an option to record.
-    extra: dict[str, Any] = (
-        {"secrets": args.secrets} if args.engine == "openai" and getattr(args, "secrets", None) else {}
-    )
-    steering = steering_from_args(args)
-    if steering is not None:
-        extra["steering"] = steering  # recorded as the manifest's `steering` (settings), not as an engine option
-    engine = get_engine(args.engine, model=model, **options, **extra)
-    try:
-        summary = run_generation(
-            engine,
-            dataset,
-            sessions,
-            run_dir,
-            settings,
-            engine_options=options,
-            progress=not args.no_progress,
-            lock=False,
-            secrets=getattr(args, "secrets", None),
-        )
-    finally:
-        engine.close()
-    if getattr(engine, "is_primary", True):
+    job = job_from_args(args)
+    summary, primary = run_generation_job(job, progress=not args.no_progress, log_every=args.log_every)
+    if primary:
+        run_dir = job.run_dir
         print(
             f"{run_dir.generations.path}: {summary.total_records} records ({summary.new_records} new, "
             f"{summary.skipped_records} skipped); statistics in {run_dir.stats_path}"
         )
     return 0
+
+
+def job_from_args(args: argparse.Namespace) -> GenerationJob:
+    """The generate call the flags ask for, checked: flags, data, an existing run directory; nothing made or loaded.
+
+    The verb, ``generation.api.generate`` and a plan's step (``plans.status``) all start here (docs/cli.md:
+    parse, validate, create folders, load models, write).
+    """
+    check_generate_flags(args)
+    preset = apply_preset(args)
+    steering = steering_from_args(args)
+    settings = dataclasses.replace(settings_from_args(args, steering), preset=preset)
+    return prepare_generation(
+        settings,
+        data=args.data,
+        out=args.out,
+        engine_options=engine_options_from_args(args.engine, args),
+        benchmark=args.benchmark,
+        system_message=args.system_message,
+        task=args.task,
+        system_ids=parse_session_ids(args.sessions),
+        limit=args.limit,
+        steering=steering,
+        secrets=getattr(args, "secrets", None),
+    )

@@ -17,6 +17,7 @@ from sysbench_gpu.core.locks import stage_lock
 from sysbench_gpu.core.messages import (
     SYSTEM_FOLD_SEPARATOR,
 )
+from sysbench_gpu.core.progress import DEFAULT_LOG_EVERY
 from sysbench_gpu.core.redact import Secrets, redact_settings
 from sysbench_gpu.core.rundir import RunDir, utc_now
 from sysbench_gpu.core.sessions import Dataset, Session
@@ -47,15 +48,19 @@ def run_generation(
     progress: bool = True,
     lock: bool = True,
     secrets: Secrets | None = None,
+    log_every: float = DEFAULT_LOG_EVERY,
 ) -> GenerateSummary:
     """Generate every missing (session, turn) of ``sessions`` into ``run_dir``; resumable.
 
     ``lock``: hold the stage lock of ``run_dir`` (primary only) for the call; False when the caller holds it.
     ``secrets``: the command's known secret values, removed from the recorded ``engine_options``.
+    ``progress``: a bar on a terminal, else a line every ``log_every`` seconds (``core.progress``).
     """
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     with stage_lock(run_dir.path, STAGE, enabled=lock and bool(getattr(engine, "is_primary", True))):
-        return _run_generation_locked(engine, dataset, sessions, run_dir, settings, engine_options, progress, secrets)
+        return _run_generation_locked(
+            engine, dataset, sessions, run_dir, settings, engine_options, progress, secrets, log_every
+        )
 
 
 def _run_generation_locked(
@@ -67,6 +72,7 @@ def _run_generation_locked(
     engine_options: Mapping[str, Any] | None,
     progress: bool,
     secrets: Secrets | None = None,
+    log_every: float = DEFAULT_LOG_EVERY,
 ) -> GenerateSummary:
     check_compatible(run_dir, settings, dataset)
     plan = settings.plan(dataset)
@@ -75,7 +81,7 @@ def _run_generation_locked(
         sessions, skipped_sessions = select_for_reference_history(sessions, settings.skip_missing_reference)
     if not sessions:
         raise SysbenchError(f"{dataset.path}: no sessions selected")
-    scheduler = TurnScheduler(engine, run_dir, settings, sessions, progress=progress, plan=plan)
+    scheduler = TurnScheduler(engine, run_dir, settings, sessions, progress=progress, plan=plan, log_every=log_every)
     writes = scheduler.writes
     if writes:
         run_dir.path.mkdir(parents=True, exist_ok=True)

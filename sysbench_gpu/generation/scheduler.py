@@ -33,6 +33,7 @@ from sysbench_gpu.core.messages import (
     fit_to_context,
     fold_system_message,
 )
+from sysbench_gpu.core.progress import DEFAULT_LOG_EVERY, ProgressLog
 from sysbench_gpu.core.records import GenerationRecord, Key
 from sysbench_gpu.core.run_stats import read_stats
 from sysbench_gpu.core.rundir import RunDir, utc_now, write_json_atomic
@@ -51,6 +52,7 @@ from sysbench_gpu.generation.settings import (
     GenerateSettings,
     GenerateSummary,
     check_compatible,
+    replica_requests,
 )
 
 __all__ = [
@@ -105,6 +107,7 @@ class TurnScheduler:
         sessions: list[Session],
         progress: bool = True,
         plan: GenerationPlan | None = None,
+        log_every: float = DEFAULT_LOG_EVERY,
     ) -> None:
         self.engine = engine
         self.run_dir = run_dir
@@ -112,6 +115,7 @@ class TurnScheduler:
         self.sessions = sessions
         self.plan = plan or GenerationPlan(benchmark_of(sessions).name, settings.history)
         self.progress = progress
+        self.log_every = log_every
         self.writes = bool(getattr(engine, "is_primary", True))
         self.fold_system = not engine.supports_system_role()
         self.context_length = engine.context_length()
@@ -138,20 +142,22 @@ class TurnScheduler:
             self.settings.history,
             f", {self.settings.distractor_turns} distractor turns" if self.settings.distractor_turns else "",
         )
-        from tqdm import tqdm
-
         by_id = {s.system_id: s for s in self.sessions}
         loop_started, loop_clock = utc_now(), time.perf_counter()
-        with tqdm(
-            total=len(pending), desc="generate", unit="reply", disable=not (self.progress and self.writes)
-        ) as bar:
+        with ProgressLog(
+            "generate",
+            len(pending),
+            "turn",
+            log_every=self.log_every,
+            enabled=self.progress and self.writes,
+        ) as progress:
             for label, keys in calls:
                 todo = [key for key in keys if key not in self.records]
                 if not todo:
                     continue
                 prepared = [self._prepare_turn(by_id[system_id], turn) for system_id, turn in todo]
-                self._call_and_store(prepared, label=label)
-                bar.update(len(prepared))
+                records = self._call_and_store(prepared, label=label)
+                progress.update(len(prepared), tokens=sum(r.output_tokens or 0 for r in records))
         # Wall clock around the whole loop: unlike the calls' wall_s it holds each turn's chat-template
         # rendering and token counting and the record writes (what a head to head must time).
         self.generation_loop = {
@@ -193,7 +199,7 @@ class TurnScheduler:
             log.warning("session %s, turn %s: %s", session.system_id, turn, overflow)
         return Prepared(session, turn, final, tokens, overflow, reason)
 
-    def _call_and_store(self, prepared: list[Prepared], label: int | str) -> None:
+    def _call_and_store(self, prepared: list[Prepared], label: int | str) -> list[GenerationRecord]:
         to_send = [p for p in prepared if not p.skipped]
         started = utc_now()
         clock = time.perf_counter()
@@ -224,6 +230,7 @@ class TurnScheduler:
         self.new_records += len(records)
         self.new_skipped += sum(r.status != "ok" for r in records)
         self._add_stats(label, records, completions, wall, started)
+        return records
 
     def _record(self, prepared: Prepared, completion: Completion | None) -> GenerationRecord:
         base = dict(
@@ -274,6 +281,7 @@ class TurnScheduler:
             skipped=sum(r.status != "ok" for r in records),
             truncated=sum(bool(r.overflow and r.overflow.startswith("truncated")) for r in records),
             started=started,
+            replica_requests=replica_requests(completions),
         )
         self.calls.append(stats)
         log.info(

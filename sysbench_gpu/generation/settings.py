@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +17,7 @@ from sysbench_gpu.core.redact import redact_settings
 from sysbench_gpu.core.run_stats import read_stats
 from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.core.sessions import Dataset, Session
-from sysbench_gpu.engines.base import SamplingSpec
+from sysbench_gpu.engines.base import Completion, SamplingSpec
 from sysbench_gpu.generation.plan import (
     HISTORY_MODES,
     GenerationPlan,
@@ -46,6 +48,9 @@ class GenerateSettings:
     distractor_seed: int = 0
     preset: str | None = None  # ``--preset``: the benchmark's published decoding the flags were filled from
     steering: dict[str, Any] | None = None  # ``--steer-system``: modeling.steering.Steering.describe()
+    # ``--extra-body`` (openai engine) as the manifest stores it (``engine_options.extra_body``, secrets
+    # redacted): fields a server reads from every request, so they decide the records as the sampling does.
+    extra_body: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.history not in HISTORY_MODES:
@@ -123,6 +128,15 @@ def check_compatible(run_dir: RunDir, settings: GenerateSettings, dataset: Datas
                 f"{run_dir.manifest_path}: field '{name}' was {old!r} in this run, this command asks for {new!r}; "
                 "rerun with the same settings or use a new --out"
             )
+    # --extra-body is compared like the sampling flags: a server reads its fields as it reads theirs.
+    stored_options = section.get("engine_options")
+    stored_body = (stored_options.get("extra_body") if isinstance(stored_options, dict) else None) or None
+    wanted_body = redact_settings(settings.extra_body) if settings.extra_body else None
+    if stored_body != wanted_body:
+        raise SysbenchError(
+            f"{run_dir.manifest_path}: field 'engine_options.extra_body' was {stored_body!r} in this run, "
+            f"this command asks for {wanted_body!r} (--extra-body); rerun with the same flags or use a new --out"
+        )
 
 
 def merged_snapshot(run_dir: RunDir, dataset: Dataset, selected: list[Session]) -> list[Session]:
@@ -148,6 +162,8 @@ class CallStats:
     skipped: int
     truncated: int
     started: str
+    # Data-parallel replicas: requests each served in this call ("0": 12, "1": 13); None without replicas.
+    replica_requests: dict[str, int] | None = None
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -157,4 +173,12 @@ class CallStats:
         out = dict(self.__dict__)
         out["wall_s"] = round(self.wall_s, 3)
         out["output_tokens_per_s"] = self.output_tokens_per_s
+        if out["replica_requests"] is None:
+            del out["replica_requests"]  # a run without replicas keeps the fields it always had
         return out
+
+
+def replica_requests(completions: Sequence[Completion]) -> dict[str, int] | None:
+    """Requests per data-parallel replica (``Completion.extra["replica"]``), or None where no replica is named."""
+    counts = Counter(str(c.extra["replica"]) for c in completions if "replica" in c.extra)
+    return dict(sorted(counts.items(), key=lambda item: int(item[0]))) if counts else None

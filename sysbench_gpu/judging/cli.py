@@ -1,33 +1,33 @@
-"""The ``judge`` command line: flags, the dry run, the lock around a --rejudge set-up and judging.
+"""The ``judge`` command line: flags, then the checked call (``judging.job``), its dry run or its judging.
 
 The judging itself is ``judging.stage.judge_run``; this module only turns arguments into
-settings and an engine factory, and decides (from ``RANK`` under torchrun) whether
-this process writes. With no judge options at all, an MT-Eval run's rule-scored turns
-(recollection) are scored and anything that needs the LLM judge is refused in one line.
+settings and an engine factory (``job_from_args``), and decides (from ``RANK`` under torchrun)
+whether this process writes; the lock around a --rejudge set-up and judging is ``judging.job``'s.
+With no judge options at all, an MT-Eval run's rule-scored turns (recollection) are scored and
+anything that needs the LLM judge is refused in one line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from sysbench_gpu.benchmarks.registry import judge_options, load_run_sessions, one_benchmark, run_benchmark
+from sysbench_gpu.core.arguments import check_out_folder, check_replica_flags
 from sysbench_gpu.core.errors import SysbenchError
-from sysbench_gpu.core.locks import is_primary_rank, stage_lock
-from sysbench_gpu.core.rundir import MANIFEST, RunDir
+from sysbench_gpu.core.locks import is_primary_rank
+from sysbench_gpu.core.progress import add_progress_flags
+from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.core.sessions import parse_session_ids, select_sessions
 from sysbench_gpu.engines import get_engine
 from sysbench_gpu.engines.hf import DEFAULT_MAX_TOKENS
 from sysbench_gpu.judging.cache import CACHE_DIRNAME
-from sysbench_gpu.judging.rejudge import prepare_rejudge
+from sysbench_gpu.judging.job import JudgeJob, estimate_judging, run_judge_job
 from sysbench_gpu.judging.rounds import DEFAULT_MAX_RETRIES, JudgeSettings
-from sysbench_gpu.judging.stage import JUDGE_BACKENDS, STAGE, dry_run_report, judge_run
-
-REJUDGE_WAIT_S = 600.0  # how long a non-primary rank waits for the primary to copy a --rejudge run
+from sysbench_gpu.judging.stage import JUDGE_BACKENDS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -95,6 +95,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--limit", type=int, help="only the first N sessions")
     parser.add_argument("--sessions", help="only these system ids (comma-separated), before --limit")
     parser.add_argument("--json", action="store_true", help="machine-readable output (agreement, dry run)")
+    add_progress_flags(parser)
     for option, (choices, text) in judge_options().items():
         parser.add_argument("--" + option.replace("_", "-"), dest=option, choices=choices, help=text)
     parser.set_defaults(func=main)
@@ -134,6 +135,13 @@ def make_engine_factory(
         )
     if args.seed is not None:
         options.setdefault("seed", args.seed)
+    # A local judge's replicas (data_parallel_size, ray_address) run on Ray: checked now, before any model loads.
+    check_replica_flags(
+        options.get("data_parallel_size"),
+        options.get("ray_address"),
+        size_flag="--engine-option data_parallel_size",
+        address_flag="--engine-option ray_address",
+    )
     return lambda: get_engine(settings.backend, model=settings.model, **options)
 
 
@@ -146,6 +154,26 @@ def main(args: argparse.Namespace) -> int:
         report = benchmark.judge_agreement(paths[0], paths[1])
         print(json.dumps(report, ensure_ascii=False, indent=2) if args.json else benchmark.format_agreement(report))
         return 0
+    job = job_from_args(args)
+    if args.dry_run:
+        _print_dry_run(job, estimate_judging(job), args.json)
+        return 0
+    summary = run_judge_job(job, progress=not args.no_progress, log_every=args.log_every)
+    if job.primary:
+        ruled = f"scored by rule {summary.scored_by_rule}; " if summary.scored_by_rule else ""
+        print(
+            f"{job.run.path}: judged {summary.judged}, unparsed {summary.unparsed}, skipped {summary.skipped}, "
+            f"already judged {summary.already_judged}, not generated {summary.not_generated}; "
+            f"{ruled}requests {summary.requests}, cache hits {summary.cache_hits}"
+        )
+    return 0
+
+
+def job_from_args(args: argparse.Namespace) -> JudgeJob:
+    """The judge call the flags ask for, checked against the run and its benchmark; nothing written or built.
+
+    The verb, ``judging.api.judge`` and a plan's step (``plans.status``) all start here.
+    """
     if args.more_runs:
         raise SysbenchError(f"judge takes one RUN_DIR, got extra {' '.join(args.more_runs)!r}")
     if bool(args.judge) != bool(args.judge_model):
@@ -161,7 +189,6 @@ def main(args: argparse.Namespace) -> int:
         raise SysbenchError(f"--concurrency must be at least 1, got {args.concurrency}")
     system_ids = parse_session_ids(args.sessions)
     options = _engine_options(args.engine_option)
-    primary = is_primary_rank(options)
     source = RunDir(args.run_dir)
     benchmark_options = {option: getattr(args, option, None) for option in judge_options()}
     benchmark = run_benchmark(source).configured(benchmark_options)
@@ -175,6 +202,8 @@ def main(args: argparse.Namespace) -> int:
         if not args.out:
             raise SysbenchError("--rejudge needs --out NEW_RUN_DIR")
         source.require()
+        # The copy is a new run: never the source itself nor a folder inside it.
+        check_out_folder(args.out, inputs=[source.path])
         # A bad selection is refused before --out is even created.
         select_sessions(load_run_sessions(source), system_ids, args.limit, source=source.sessions_path)
         run = source if args.dry_run else RunDir(args.out)
@@ -198,68 +227,39 @@ def main(args: argparse.Namespace) -> int:
             concurrency=args.concurrency,
             score_templates=benchmark.judge_templates(args.mteval_template),
         )
-    if args.dry_run:
-        report = dry_run_report(
-            run, settings, args.limit, fresh=args.rejudge, system_ids=system_ids, options=benchmark_options
-        )
-        if args.json:
-            print(json.dumps(report, ensure_ascii=False, indent=2))
-        else:
-            cost = report["estimated_cost_usd"]
-            shown = benchmark.describe_judge_templates(settings)
-            judge = f"{settings.backend} {settings.model} ({shown})" if settings is not None else "no judge model"
-            print(f"dry run: {run.path} with {judge}")
-            print(f"  turns to judge      {report['turns_to_judge']} ({report['answered_from_cache']} from cache)")
-            if benchmark.rule_scored:
-                print(f"  scored by rule      {report['turns_scored_by_rule']}")
-            print(f"  requests            {report['requests']}  ({report['note']})")
-            print(f"  est. prompt tokens  {report['estimated_prompt_tokens']}")
-            print(f"  est. output tokens  {report['estimated_completion_tokens']}")
-            print(f"  est. cost (USD)     {'unknown for this model' if cost is None else f'{cost:.4f}'}")
-            print(
-                f"  skipped (no reply)  {report['turns_skipped_no_response']}; already judged "
-                f"{report['turns_already_judged']}; "
-                f"not generated {report['turns_not_generated']}"
-            )
-        return 0
-    # One writer: the lock covers a --rejudge set-up and the judging that follows it.
-    with stage_lock(run.path, STAGE, enabled=primary):
-        if args.rejudge:
-            if primary:
-                prepare_rejudge(source, run.path, args.limit, system_ids)
-            else:
-                _wait_for_rejudge_copy(run)
-        # A rejudge copy holds only the chosen sessions.
-        limit = None if args.rejudge else args.limit
-        chosen_ids = None if args.rejudge else system_ids
-        summary = judge_run(
-            run,
-            settings,
-            make_engine_factory(args, settings, options) if settings is not None else None,
-            limit=limit,
-            system_ids=chosen_ids,
-            retry_unparsed=args.retry_unparsed,
-            primary=primary,
-            lock=False,
-            options=benchmark_options,
-        )
-    if primary:
-        ruled = f"scored by rule {summary.scored_by_rule}; " if summary.scored_by_rule else ""
-        print(
-            f"{run.path}: judged {summary.judged}, unparsed {summary.unparsed}, skipped {summary.skipped}, "
-            f"already judged {summary.already_judged}, not generated {summary.not_generated}; "
-            f"{ruled}requests {summary.requests}, cache hits {summary.cache_hits}"
-        )
-    return 0
+    return JudgeJob(
+        source=source,
+        run=run,
+        settings=settings,
+        engine_factory=make_engine_factory(args, settings, options) if settings is not None else None,
+        benchmark=benchmark,
+        benchmark_options=benchmark_options,
+        system_ids=system_ids,
+        limit=args.limit,
+        rejudge=args.rejudge,
+        retry_unparsed=args.retry_unparsed,
+        primary=is_primary_rank(options),
+    )
 
 
-def _wait_for_rejudge_copy(run: RunDir, timeout_s: float = REJUDGE_WAIT_S) -> None:
-    """A non-primary rank reads the --rejudge copy only once the primary has finished making it."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if (run.path / MANIFEST).is_file():
-            rejudged = run.read_manifest().get("rejudged_from")
-            if isinstance(rejudged, dict) and rejudged.get("setup", "complete") == "complete":
-                return
-        time.sleep(0.2)
-    raise SysbenchError(f"{run.path}: the primary rank did not finish the --rejudge copy within {timeout_s:.0f} s")
+def _print_dry_run(job: JudgeJob, report: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(report, ensure_ascii=False, indent=2))
+        return
+    settings = job.settings
+    cost = report["estimated_cost_usd"]
+    shown = job.benchmark.describe_judge_templates(settings)
+    judge = f"{settings.backend} {settings.model} ({shown})" if settings is not None else "no judge model"
+    print(f"dry run: {report['run']} with {judge}")
+    print(f"  turns to judge      {report['turns_to_judge']} ({report['answered_from_cache']} from cache)")
+    if job.benchmark.rule_scored:
+        print(f"  scored by rule      {report['turns_scored_by_rule']}")
+    print(f"  requests            {report['requests']}  ({report['note']})")
+    print(f"  est. prompt tokens  {report['estimated_prompt_tokens']}")
+    print(f"  est. output tokens  {report['estimated_completion_tokens']}")
+    print(f"  est. cost (USD)     {'unknown for this model' if cost is None else f'{cost:.4f}'}")
+    print(
+        f"  skipped (no reply)  {report['turns_skipped_no_response']}; already judged "
+        f"{report['turns_already_judged']}; "
+        f"not generated {report['turns_not_generated']}"
+    )

@@ -184,8 +184,11 @@ class Recorder:
     """Where finished work goes: records, the ledger and the cache; nothing at all when ``writes`` is False.
 
     ``paid`` counts replies in the ledger's journal *before* caching them, so a
-    cached reply has always been counted (see ``judging.ledger``).
+    cached reply has always been counted (see ``judging.ledger``). ``progress``: where the
+    prompts sent and the cache hits are also counted for the progress lines (``core.progress``).
     """
+
+    progress: Any = None
 
     def __init__(
         self, run: RunDir, ledger: JudgeLedger, summary: JudgeSummary, cache: JudgeCache | None, writes: bool
@@ -223,9 +226,13 @@ class Recorder:
             for _, _, key, reply in arrived:
                 if key is not None:
                     self.cache.put(key, reply)
+        if self.progress is not None:
+            self.progress.update(0, prompts=len(arrived))
 
     def hits(self, count: int) -> None:
         self.ledger.cache_hits(count)
+        if self.progress is not None and count:
+            self.progress.update(0, cache_hits=count)
 
 
 def cache_lookup(

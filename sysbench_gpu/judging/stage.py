@@ -34,7 +34,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
@@ -43,6 +42,7 @@ from sysbench_gpu.benchmarks.judge_tasks import NEEDS_JUDGE, JudgePlan, JudgeTas
 from sysbench_gpu.benchmarks.registry import benchmark_of, get_benchmark, load_run_sessions
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.locks import stage_lock
+from sysbench_gpu.core.progress import DEFAULT_LOG_EVERY, ProgressLog, quiet_library_bars
 from sysbench_gpu.core.rundir import JUDGMENTS, MANIFEST, RunDir, utc_now
 from sysbench_gpu.core.sessions import Session, SessionIds, select_sessions
 from sysbench_gpu.judging.cache import JudgeCache
@@ -139,6 +139,7 @@ def judge_run(
     primary: bool = True,
     lock: bool = True,
     options: Mapping[str, Any] | None = None,
+    log_every: float = DEFAULT_LOG_EVERY,
 ) -> JudgeSummary:
     """Judge every pending turn of ``run``; the engine is built only when there is work.
 
@@ -154,12 +155,22 @@ def judge_run(
     ``is_primary`` is False makes it so too. Nothing is written before the engine
     is built, so every rank plans from the same files. ``lock``: hold the judge's
     stage lock of ``run`` for the call (False when the caller holds it already). ``options``: the
-    benchmark's judge options (``Benchmark.judge_options``), None where not given.
+    benchmark's judge options (``Benchmark.judge_options``), None where not given. ``show_progress``: a
+    bar on a terminal, else a line every ``log_every`` seconds (``core.progress``).
     """
     run.require()
     with stage_lock(run.path, STAGE, enabled=lock and primary):
         return _judge_run(
-            run, settings, engine_factory, limit, show_progress, system_ids, retry_unparsed, primary, options or {}
+            run,
+            settings,
+            engine_factory,
+            limit,
+            show_progress,
+            system_ids,
+            retry_unparsed,
+            primary,
+            options or {},
+            log_every,
         )
 
 
@@ -173,6 +184,7 @@ def _judge_run(
     retry_unparsed: bool,
     primary: bool,
     options: Mapping[str, Any],
+    log_every: float = DEFAULT_LOG_EVERY,
 ) -> JudgeSummary:
     sessions = load_run_sessions(run)
     settings = benchmark_of(sessions).configured(options).judge_settings(settings)
@@ -198,6 +210,8 @@ def _judge_run(
         run.ensure_writable([JUDGMENTS, LEDGER, LEDGER_JOURNAL, RETRIED, MANIFEST])
         if cache is not None:
             cache.check_writable()
+    if plan.tasks and engine_factory is not None:
+        quiet_library_bars(force=not show_progress)
     engine = engine_factory() if plan.tasks and engine_factory is not None else None
     writes = primary and bool(getattr(engine, "is_primary", True))
     summary = JudgeSummary(already_judged=plan.already_judged, not_generated=plan.not_generated)
@@ -214,14 +228,14 @@ def _judge_run(
         if engine is not None and settings is not None:
             if writes:
                 run.update_manifest(stage=STAGE, status="running", started=started)
-            from tqdm import tqdm
-
             shown = show_progress and writes
-            with tqdm(total=len(plan.tasks), desc="judge", unit="turn", file=sys.stderr, disable=not shown) as bar:
+            # Prompts sent and cache hits are counted by the recorder as replies arrive (core.progress).
+            with ProgressLog("judge", len(plan.tasks), "turn", log_every=log_every, enabled=shown) as progress:
+                recorder.progress = progress
                 if settings.backend == "openai":
-                    judge_tasks_api(plan.tasks, engine, settings, cache, recorder, bar)
+                    judge_tasks_api(plan.tasks, engine, settings, cache, recorder, progress)
                 else:
-                    judge_tasks_batched(plan.tasks, engine, settings, cache, recorder, bar)
+                    judge_tasks_batched(plan.tasks, engine, settings, cache, recorder, progress)
             engine_info = engine.describe()
     finally:
         if engine is not None:

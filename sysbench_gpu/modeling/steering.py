@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sysbench_gpu.core.arguments import check_finite, parse_layer_spec
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.modeling.key_bias import PATH, layer_heads, steering_value
 from sysbench_gpu.modeling.layer_bands import parse_layer_band
@@ -38,7 +39,28 @@ class Steering:
     heads_file: str | None = None
 
     def __post_init__(self) -> None:
+        # α scales the span's attention weights (log α on the logits): a finite α > 0. An infinite α would
+        # put all weight on the system text and record Infinity in the manifest.
+        check_finite(self.alpha, "--steer-system")
         steering_value(self.alpha)  # refuses α <= 0
+        if self.layers_spec is not None:
+            parse_layer_spec(self.layers_spec, None, "--steer-layers")  # syntax now; the range once the depth is known
+
+    def check_depth(self, n_layers: int, n_heads: int | None = None) -> None:
+        """The layers and heads named exist in a model of this depth (read from its config before it loads)."""
+        if self.layers_spec is not None or self.heads is None:
+            self.layers(n_layers)
+        where = self.heads_file or "--steer-heads"
+        for index, (layer, head) in enumerate(self.heads or ()):
+            if layer >= n_layers:
+                raise SysbenchError(
+                    f"{where}: heads[{index}] names layer {layer}; the model has {n_layers} layers (0-{n_layers - 1})"
+                )
+            if n_heads is not None and head >= n_heads:
+                raise SysbenchError(
+                    f"{where}: heads[{index}] names head {head}; the model has {n_heads} heads per layer "
+                    f"(0-{n_heads - 1})"
+                )
 
     @property
     def active(self) -> bool:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sysbench_gpu import __version__
+from sysbench_gpu.core.arguments import check_out_folder
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.rundir import utc_now, write_json_atomic
 from sysbench_gpu.engines.vllm_memory import FALLBACK_GPU_MEMORY_UTILIZATION, vllm_default_utilization
@@ -404,8 +405,11 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         cache_block=args.cache_block,
         memory_utilization=args.memory_utilization,
     )
-    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
-        raise SysbenchError(f"{args.out}: --out names a file; profile writes a folder there")
+    if args.out:
+        # Inside the run is where the docs put it (RUN/profile); the run's own folder is not.
+        check_out_folder(
+            args.out, inputs=[args.run], own_marker=PROFILE_JSON, kind="profile folder", inside_inputs=True
+        )
     profile = profile_run(args.run, options)
     data = profile.to_json()
     data["arguments"] = {k: v for k, v in vars(args).items() if k not in ("func", "secrets")}

@@ -15,8 +15,9 @@ from typing import Any
 
 from sysbench_gpu.attention.analysis.interp_report import report_markdown
 from sysbench_gpu.attention.analysis.knockout_report import knockout_markdown
-from sysbench_gpu.benchmarks.base import ReportRequest
+from sysbench_gpu.benchmarks.base import ReportRequest, ReportResult
 from sysbench_gpu.benchmarks.registry import REGISTRY, one_benchmark, run_benchmark
+from sysbench_gpu.core.arguments import check_out_folder
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.plotting import parse_formats
 from sysbench_gpu.profiling.stage import report_section
@@ -69,6 +70,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 EXPLORER_DIRNAME = "explore"  # `explore --out` beside a report's folder is linked from it
+# What a report folder holds: report.md and report.json, tables (.md, .tex) and figures (.png, .pdf, .svg).
+REPORT_SUFFIXES = frozenset({".md", ".tex", ".json", ".png", ".pdf", ".svg"})
+
+
+def is_report_folder(path: Path) -> bool:
+    """An earlier report (or one stopped before report.json): only the kinds of file a report writes."""
+    if (path / "report.json").is_file():
+        return True
+    return all(entry.is_file() and entry.suffix in REPORT_SUFFIXES for entry in path.iterdir())
 
 
 def explorer_link(report_dir: str | Path) -> str | None:
@@ -90,14 +100,29 @@ def parse_gt_pair(text: str) -> tuple[Path, Path]:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    result = report_from_args(args)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(
+        f"wrote {len(result.tables)} table files, {len(result.figures)} figure files, report.md and report.json "
+        f"to {result.out_dir}"
+    )
+    return 0
+
+
+def report_from_args(args: argparse.Namespace) -> ReportResult:
+    """The report the verb's flags ask for, written (``reporting.api.report`` calls this too)."""
     labels: list[str | None] = [None] * len(args.runs)
+    pair_paths = [parse_gt_pair(text) for text in args.gt_pair]
+    # A report may live inside a run (README: `--out demo-run/report`), never in the run's own folder.
+    inputs = [*args.runs, *(path for pair in pair_paths for path in pair), *args.attention]
+    check_out_folder(args.out, inputs=inputs, inside_inputs=True, kind="report", is_own=is_report_folder)
     if args.labels:
         given = [label.strip() for label in args.labels.split(",")]
         if len(given) != len(args.runs):
             raise SysbenchError(f"--labels: {len(given)} labels for {len(args.runs)} run directories")
         labels = list(given)
     formats = parse_formats(args.formats)
-    pair_paths = [parse_gt_pair(text) for text in args.gt_pair]
     benchmark = one_benchmark([(path, run_benchmark(path)) for path in args.runs], "report")
     profile_lines: Sequence[str] = ()
     profile_entries: Sequence[Mapping[str, Any]] = ()
@@ -132,13 +157,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         if knockout:  # `attention --knockout`: Δ log p per arm, joined with the verdicts
             with (Path(result.out_dir) / "report.md").open("a", encoding="utf-8") as handle:
                 handle.write("\n" + "\n".join(knockout) + "\n")
-    for warning in result.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    print(
-        f"wrote {len(result.tables)} table files, {len(result.figures)} figure files, report.md and report.json "
-        f"to {result.out_dir}"
-    )
-    return 0
+    return result
 
 
 def _metric_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -12,6 +12,10 @@ and into ``--out`` (default: the first directory), over all directories (one per
 
     decay.json        share vs turn and vs token distance: fitted slopes with CIs per history, condition, layer
     figures/decay_<layer>.png|pdf
+
+Every input (each folder's manifest, ``turn_shares.jsonl`` and session files, ``analysis.inputs``) is read
+and checked before anything is computed, and every output is staged and written at the end, all or none
+(``files.staged``).
 """
 
 from __future__ import annotations
@@ -26,11 +30,13 @@ import numpy as np
 
 from sysbench_gpu.attention.analysis import decay, heads, probe
 from sysbench_gpu.attention.analysis.head_table import CONDITION, load_head_table
+from sysbench_gpu.attention.analysis.inputs import check_attention_dir
 from sysbench_gpu.attention.analysis.turn_stats import DEFAULT_METRIC
+from sysbench_gpu.attention.files.staged import StagedOutputs
 from sysbench_gpu.attention.files.store import read_manifest
+from sysbench_gpu.core.arguments import check_out_folder
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.jsonio import read_json
-from sysbench_gpu.core.rundir import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -62,20 +68,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_attention_analyze(args: argparse.Namespace) -> int:
+    """Read and check every input, compute everything, then write every output at once (all or none).
+
+    ``--top``, ``--folds``, ``--bootstrap``, ``--permutations`` and ``--seed`` are checked, each with its own
+    line, by ``core.arguments.check_shared_flags`` before this runs.
+    """
     dirs = [Path(d) for d in args.dirs]
     if args.run and len(dirs) > 1:
         raise SysbenchError("attention-analyze: --run names the run of one directory; give one directory with it")
-    if args.top < 1 or args.folds < 2 or args.bootstrap < 1 or args.permutations < 1:
-        raise SysbenchError(
-            "attention-analyze: --top, --bootstrap and --permutations must be at least 1, --folds at least 2"
-        )
-    for directory in dirs:
-        read_manifest(directory)  # a folder that is not an attention output is one line, before any work
-    for directory in dirs:
-        for line in analyze_heads(directory, Path(args.run) if args.run else None, args):
-            print(line)
+    run = Path(args.run) if args.run else None
+    checked = [check_attention_dir(directory) for directory in dirs]
     out = Path(args.out) if args.out else dirs[0]
-    for line in analyze_decay(dirs, out, args):
+    if args.out and out.resolve() not in {directory.resolve() for directory in dirs}:
+        runs = [run] if run else [Path(str(item.manifest["run_dir"])) for item in checked if "run_dir" in item.manifest]
+        check_out_folder(out, inputs=runs, own_marker=DECAY_FILE, kind="attention-analyze output")
+    lines: list[str] = []
+    with StagedOutputs() as outputs:
+        for directory in dirs:
+            lines += analyze_heads(directory, run, args, outputs)
+        lines += analyze_decay(dirs, out, args, outputs)
+        outputs.commit()
+    for line in lines:
         print(line)
     return 0
 
@@ -86,12 +99,25 @@ def has_per_head(out: Path) -> bool:
         return False
     import zipfile
 
-    with zipfile.ZipFile(files[0]) as archive:
-        return "per_head.npy" in archive.namelist()
+    try:
+        with zipfile.ZipFile(files[0]) as archive:
+            return "per_head.npy" in archive.namelist()
+    except (OSError, zipfile.BadZipFile) as error:
+        raise SysbenchError(f"{files[0]}: not a readable session file ({error or type(error).__name__})") from None
 
 
-def analyze_heads(out: Path, run: Path | None, args: argparse.Namespace) -> list[str]:
-    """Heads map and failure probe of one directory; returns the lines to print."""
+def analyze_heads(
+    out: Path, run: Path | None, args: argparse.Namespace, outputs: StagedOutputs | None = None
+) -> list[str]:
+    """Heads map and failure probe of one directory; returns the lines to print.
+
+    Its files are staged in ``outputs`` (the caller commits them with the rest); without, they are written here.
+    """
+    if outputs is None:
+        with StagedOutputs() as own:
+            lines = analyze_heads(out, run, args, own)
+            own.commit()
+        return lines
     if not has_per_head(out):
         return [f"{out}: no per-head shares (measure with `attention --per-head`); heads and probe skipped"]
     try:
@@ -103,31 +129,37 @@ def analyze_heads(out: Path, run: Path | None, args: argparse.Namespace) -> list
     model = Path(str(read_manifest(out).get("model", out))).name
     result = heads.head_map(table, n_boot=args.bootstrap, seed=args.seed, permutations=args.permutations)
     top = heads.top_heads(result, args.top)
-    write_json_atomic(out / HEADS_FILE, heads.head_map_json(result, DEFAULT_METRIC))
-    write_json_atomic(out / TOP_HEADS_FILE, top)
+    outputs.json(out / HEADS_FILE, heads.head_map_json(result, DEFAULT_METRIC))
+    outputs.json(out / TOP_HEADS_FILE, top)
     lines += heads.summary_lines(result, top)
     if not args.no_figures:
-        heads.plot_head_map(result, out / "figures" / "heads_map", f"{model}: which heads carry the system message")
+        base = out / "figures" / "heads_map"
+        drawn = heads.plot_head_map(result, outputs.figure_base(base), f"{model}: which heads carry the system message")
+        outputs.adopt(drawn, base)
     if not probe.sklearn_available():
         lines.append(f"probe: {probe.INSTALL_HINT}")
         return lines
     scored = probe.run_probe(table, folds=args.folds, n_boot=args.bootstrap, seed=args.seed)
-    write_json_atomic(out / PROBE_FILE, probe.probe_json(scored, DEFAULT_METRIC))
+    outputs.json(out / PROBE_FILE, probe.probe_json(scored, DEFAULT_METRIC))
     lines.append(probe.summary_line(scored))
     if not args.no_figures:
-        probe.plot_roc(scored, out / "figures" / "probe_roc", f"{model}: failure probe (out-of-fold)")
+        base = out / "figures" / "probe_roc"
+        drawn = probe.plot_roc(scored, outputs.figure_base(base), f"{model}: failure probe (out-of-fold)")
+        outputs.adopt(drawn, base)
     return lines
 
 
-def analyze_decay(dirs: list[Path], out: Path, args: argparse.Namespace) -> list[str]:
+def analyze_decay(dirs: list[Path], out: Path, args: argparse.Namespace, outputs: StagedOutputs) -> list[str]:
     series = []
     for directory in dirs:
         series += decay.decay_of_dir(directory, n_boot=args.bootstrap, seed=args.seed)
-    write_json_atomic(out / DECAY_FILE, decay.decay_json(series, DEFAULT_METRIC) | {"dirs": [str(d) for d in dirs]})
+    outputs.json(out / DECAY_FILE, decay.decay_json(series, DEFAULT_METRIC) | {"dirs": [str(d) for d in dirs]})
     if not args.no_figures:
         model = Path(str(read_manifest(dirs[0]).get("model", dirs[0]))).name
         for label in sorted({item.layer_label for item in series}):
-            decay.plot_decay(series, label, out / "figures" / f"decay_{label}", f"{model}: system share decay, {label}")
+            base = out / "figures" / f"decay_{label}"
+            title = f"{model}: system share decay, {label}"
+            outputs.adopt(decay.plot_decay(series, label, outputs.figure_base(base), title), base)
     return decay.summary_lines(series)
 
 

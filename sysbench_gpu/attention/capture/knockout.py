@@ -15,12 +15,9 @@ appended per session and arm; a rerun skips the pairs already there.
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-from tqdm import tqdm
 
 from sysbench_gpu.attention.capture import layout as attn_layout
 from sysbench_gpu.attention.capture.conversation import RunConversations
@@ -30,6 +27,7 @@ from sysbench_gpu.attention.capture.segments import ConversationLayout, fit_layo
 from sysbench_gpu.attention.files.knockout_rows import ARMS, KNOCKOUT_FILE, KnockoutRow, done_pairs
 from sysbench_gpu.attention.files.store import append_lines, read_manifest
 from sysbench_gpu.core.errors import SysbenchError
+from sysbench_gpu.core.progress import DEFAULT_LOG_EVERY, ProgressLog, quiet_library_bars
 from sysbench_gpu.core.rundir import write_json_atomic
 from sysbench_gpu.modeling.key_bias import PATH, key_bias
 from sysbench_gpu.modeling.layer_bands import parse_layer_band
@@ -106,6 +104,7 @@ def run_knockout(
     todo = [(s, arm) for s in sessions for arm in ARMS if (s.system_id, arm) not in done]
     if not todo:
         return
+    quiet_library_bars(force=getattr(args, "no_progress", False))
     model, tokenizer, _ = attn_layout.load_model(args.model, args.dtype, plan)
     n_layers = num_layers(model)
     layers = parse_layer_band(args.knockout_layers, n_layers)
@@ -122,9 +121,15 @@ def run_knockout(
     write_json_atomic(out / "manifest.json", manifest)
     device = input_device(model)
     max_tokens = args.max_tokens or getattr(model.config.get_text_config(), "max_position_embeddings", None)
-    progress = tqdm(todo, desc="knockout", unit="session", file=sys.stderr, disable=None)
-    with key_bias(model, layers, float("-inf")) as bias:
-        for session, arm in progress:
+    progress = ProgressLog(
+        "knockout",
+        len(todo),
+        "session",
+        log_every=getattr(args, "log_every", DEFAULT_LOG_EVERY),
+        enabled=not getattr(args, "no_progress", False),
+    )
+    with progress, key_bias(model, layers, float("-inf")) as bias:
+        for session, arm in todo:
             forwards, _ = conversations.forwards(session, replies, generations)
             rows: list[KnockoutRow] = []
             offset = 0
@@ -138,3 +143,4 @@ def run_knockout(
                 append_lines(out / KNOCKOUT_FILE, [row.to_json() for row in rows])
             else:
                 log.warning("session %d (%s): no turn fits; no knockout rows", session.system_id, arm)
+            progress.update(1)

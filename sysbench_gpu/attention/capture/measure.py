@@ -12,14 +12,12 @@ import argparse
 import hashlib
 import json
 import logging
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 # The capture class and the model loader are looked up on their modules at call time
 # (``attn_hooks.AttentionShareCapture``, ``attn_layout.load_model``) so tests can replace them.
@@ -46,6 +44,7 @@ from sysbench_gpu.attention.files.store import (
     skip_path,
 )
 from sysbench_gpu.attention.files.turn_table import turn_row_json, turn_shares
+from sysbench_gpu.core.progress import DEFAULT_LOG_EVERY, ProgressLog, quiet_library_bars
 from sysbench_gpu.core.rundir import package_versions, utc_now, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -94,6 +93,7 @@ def measure_sessions(
     import torch
 
     conversations = conversations or RunConversations()
+    quiet_library_bars(force=getattr(args, "no_progress", False))
     model, tokenizer, path = attn_layout.load_model(args.model, args.dtype, plan)
     tensor_parallel = plan.layout == "tensor-parallel"
     device = input_device(model)
@@ -112,17 +112,21 @@ def measure_sessions(
         write_json_atomic(out / "manifest.json", manifest)
     shard = shard_path(out, dist.tag)
     budget = int(args.chunk_mib) << 20
-    progress = tqdm(
-        [runs[index] for index in todo],
-        desc=f"attention {dist.tag}",
-        unit="session",
-        file=sys.stderr,
-        disable=None if writes else True,
+    # A bar on a terminal, else a line every --log-every seconds (core.progress); one per writing process.
+    progress = ProgressLog(
+        "attention" if dist.world == 1 else f"attention {dist.tag}",
+        len(todo),
+        "session",
+        log_every=getattr(args, "log_every", DEFAULT_LOG_EVERY),
+        enabled=writes and not getattr(args, "no_progress", False),
     )
-    with attn_hooks.AttentionShareCapture(
-        model, layers=layers, chunk_tokens=args.chunk_tokens, budget_bytes=budget, per_head=args.per_head
-    ) as capture:
-        for session, condition in progress:
+    with (
+        progress,
+        attn_hooks.AttentionShareCapture(
+            model, layers=layers, chunk_tokens=args.chunk_tokens, budget_bytes=budget, per_head=args.per_head
+        ) as capture,
+    ):
+        for session, condition in [runs[index] for index in todo]:
             forwards, stop_reason = conversations.forwards(session, replies, generations)
             # One forward per conversation (several for single-turn runs); a forward that cannot fit is left out.
             layouts = [
@@ -139,6 +143,7 @@ def measure_sessions(
                         {"system_id": session.system_id, "condition": condition, "reason": reason},
                     )
                     log.warning("session %d (%s) skipped: %s", session.system_id, condition, reason)
+                progress.update(1)
                 continue
             started = time.perf_counter()
             measured = []
@@ -151,6 +156,7 @@ def measure_sessions(
                 measured.append((layout, results))
             seconds = time.perf_counter() - started
             if not writes:
+                progress.update(1)
                 continue
             n_turns = sum(len(f.turns) for f in forwards)
             n_tokens = sum(layout.n_tokens for layout in fitted)
@@ -174,7 +180,8 @@ def measure_sessions(
             )
             save_npz_atomic(session_path(out, session.system_id, condition), arrays)
             append_lines(shard, [turn_row_json(row) for row in turn_shares(arrays)])
-            progress.set_postfix(tokens=n_tokens, s=f"{seconds:.1f}")
+            progress.update(1, tokens=n_tokens)
+            progress.postfix(tokens=n_tokens, s=f"{seconds:.1f}")
         paths = getattr(capture, "paths", None)
     if dist.rank == 0 and paths:
         manifest["capture_paths"] = {str(layer): str(name) for layer, name in sorted(paths.items())}

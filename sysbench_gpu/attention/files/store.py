@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from sysbench_gpu.core import jsonl
+from sysbench_gpu.core import arguments, jsonl
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.jsonio import read_json
 from sysbench_gpu.core.rundir import write_bytes_atomic, write_json_atomic
@@ -89,6 +89,24 @@ def read_manifest(out: Path) -> dict[str, Any]:
 
 def _load_manifest(path: Path) -> dict[str, Any]:
     return read_json(path, expect=dict)
+
+
+def check_attention_out(out: Path, run_dir: Path, *, flag: str = "--out", alone: bool = True) -> None:
+    """Before anything is made: ``out`` is not the run it measures, and is new, empty or an attention output.
+
+    The stage's own lock files (``.attention*.lock``) do not make a folder non-empty: a second process finds
+    the holder's lock there. ``alone`` is False for torchrun's ranks, which may write their sessions before
+    rank 0 writes the manifest; only the input check applies to them.
+    """
+    arguments.check_out_folder(out, flag=flag, inputs=[run_dir])
+    if not alone or not out.is_dir() or (out / MANIFEST).exists():
+        return
+    others = sorted(p.name for p in out.iterdir() if not (p.name.startswith(".attention") and p.name.endswith(".lock")))
+    if others:
+        raise SysbenchError(
+            f"{out}: {flag} is not empty and is not an attention output (no {MANIFEST}; holds {others[0]}); "
+            "choose a new folder"
+        )
 
 
 def check_settings(out: Path, settings: dict[str, Any], write: bool = True) -> dict[str, Any]:

@@ -93,16 +93,38 @@ def turn_shares(stored: Mapping[str, Any]) -> list[TurnShare]:
     return rows
 
 
+_INT_FIELDS = ("system_id", "layer", "turn", "n_tokens", "n_reply_tokens")
+_TEXT_FIELDS = ("condition", "layer_label")
+
+
+def turn_row(row: Any, where: str) -> TurnShare:
+    """One table line as a ``TurnShare``; one line naming the field whose value is of the wrong kind."""
+    if not isinstance(row, dict):
+        raise SysbenchError(f"{where} is not a turn-share row (a JSON object)")
+    try:
+        share = TurnShare(**row)
+    except TypeError as error:
+        raise SysbenchError(f"{where} is not a turn-share row ({error})") from None
+    for name in _INT_FIELDS:
+        value = getattr(share, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SysbenchError(f"{where}: field {name!r} is {value!r}, expected a whole number")
+    for name in _TEXT_FIELDS:
+        if not isinstance(getattr(share, name), str):
+            raise SysbenchError(f"{where}: field {name!r} is {getattr(share, name)!r}, expected text")
+    for name in METRICS:
+        value = getattr(share, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise SysbenchError(f"{where}: field {name!r} is {value!r}, expected a number or null")
+    return share
+
+
 def read_turn_table(path: Path) -> list[TurnShare]:
     """Rows of a shard or merged table; an unterminated last line (a write torn by a crash) is left out."""
-    rows = []
-    for number, line in complete_lines(path):
-        row = loads(line, f"{path}: line {number}")
-        try:
-            rows.append(TurnShare(**row))
-        except TypeError as error:
-            raise SysbenchError(f"{path}: line {number} is not a turn-share row ({error})") from None
-    return rows
+    return [
+        turn_row(loads(line, f"{path}: line {number}"), f"{path}: line {number}")
+        for number, line in complete_lines(path)
+    ]
 
 
 def turn_row_json(row: TurnShare) -> str:
