@@ -155,6 +155,8 @@ def test_step_commands_and_child_errors() -> None:
     step = Step("generate", ("generate", "--data", "my data.json", "--out", "runs/x"), model="m", run="m")
     assert step.shell() == "sysbench-gpu generate --data 'my data.json' --out runs/x"
     assert step.label == "model m, step generate"
+    ablation = Step("generate", ("generate",), model="m", run="m-reference")
+    assert ablation.label == "model m (run m-reference), step generate"
     torchrun = Step("attention", ("attention", "runs/x"), model="m", run="m", nproc=4)
     assert torchrun.shell().startswith("torchrun --standalone --nproc-per-node 4 -m sysbench_gpu attention")
     assert torchrun.command()[1:4] == ["-m", "torch.distributed.run", "--standalone"]

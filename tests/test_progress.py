@@ -25,6 +25,7 @@ from sysbench_gpu.core.progress import (
     ProgressLog,
     add_progress_flags,
     format_duration,
+    library_bars_hidden,
     stderr_is_terminal,
 )
 
@@ -187,6 +188,18 @@ def test_log_every_must_be_a_finite_number_above_zero():
 class _Tty(io.StringIO):
     def isatty(self) -> bool:
         return True
+
+
+def test_a_librarys_own_tqdm_writes_nothing_to_a_log_file(monkeypatch):
+    from tqdm.auto import tqdm
+
+    log_file = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", log_file)
+    with library_bars_hidden():
+        for _ in tqdm(range(3), desc="a library's bar"):
+            pass
+    assert log_file.getvalue() == ""
+    assert sys.stderr is log_file
 
 
 def test_stderr_is_terminal():

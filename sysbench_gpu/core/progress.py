@@ -16,12 +16,14 @@ averages since the stage started: the same clock for the count and for every mea
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import logging
 import math
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from types import TracebackType
 from typing import Any, TextIO
 
@@ -74,6 +76,20 @@ def quiet_library_bars(force: bool = False) -> None:
     transformers_logging = sys.modules.get("transformers.utils.logging")
     if transformers_logging is not None:
         transformers_logging.disable_progress_bar()
+
+
+@contextlib.contextmanager
+def library_bars_hidden() -> Iterator[None]:
+    """Hide what a library draws on stderr with its own tqdm (not ours to switch off) when stderr is no terminal.
+
+    For the GGUF conversion, whose bars come from ``tqdm.auto`` inside transformers with no setting to
+    silence them. Log records still get out: the CLI's handler holds the real stream.
+    """
+    if stderr_is_terminal():
+        yield
+        return
+    with contextlib.redirect_stderr(io.StringIO()):
+        yield
 
 
 def add_progress_flags(parser: argparse.ArgumentParser) -> None:

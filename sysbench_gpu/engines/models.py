@@ -29,6 +29,7 @@ from pathlib import Path
 
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.jsonio import JsonReadError, loads, read_json
+from sysbench_gpu.core.progress import library_bars_hidden
 
 log = logging.getLogger(__name__)
 
@@ -254,9 +255,11 @@ def convert_gguf(gguf_file: Path, target: Path) -> None:
 
     log.info("converting %s to safetensors in %s (once; about 20 s)", gguf_file.name, target)
     folder, filename = str(gguf_file.parent), gguf_file.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-    config = AutoConfig.from_pretrained(folder, gguf_file=filename)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    # Its bars (tqdm inside transformers) would write \r frames into a log file; the line above says what runs.
+    with library_bars_hidden():
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+        config = AutoConfig.from_pretrained(folder, gguf_file=filename)
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
     # Rebuild from the config so the saved model carries no GGUF-specific loading state.
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
@@ -265,8 +268,9 @@ def convert_gguf(gguf_file: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
-        model.save_pretrained(staging, safe_serialization=True)
-        tokenizer.save_pretrained(staging)
+        with library_bars_hidden():
+            model.save_pretrained(staging, safe_serialization=True)
+            tokenizer.save_pretrained(staging)
         if target.exists():
             stale = Path(tempfile.mkdtemp(prefix=".stale-", dir=target.parent))
             target.rename(stale / target.name)

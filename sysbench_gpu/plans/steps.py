@@ -35,7 +35,11 @@ class Step:
 
     @property
     def label(self) -> str:
-        return f"model {self.model}, step {self.kind}" if self.model else f"step {self.kind}"
+        if not self.model:
+            return f"step {self.kind}"
+        # An ablation's run is named beside its model: two runs of one model are told apart.
+        run = f" (run {self.run})" if self.run and self.run != self.model else ""
+        return f"model {self.model}{run}, step {self.kind}"
 
     def command(self) -> list[str]:
         """What the runner starts: this interpreter, as ``sysbench-gpu`` or ``torchrun`` would."""
