@@ -17,145 +17,30 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from sysbench_gpu.arena.battles import (
     BATTLES,
-    REPLACED,
     BattleKey,
     BattleRecord,
     BattleStore,
-    battle_turns,
     pairs,
     verdict_battles,
 )
+from sysbench_gpu.arena.checks import check_arena_out, check_outcomes_possible, check_same_arena
 from sysbench_gpu.arena.judged import dry_run, judge_questions, questions
-from sysbench_gpu.arena.outputs import LEADERBOARD_MD, LEADERBOARD_TEX, RATINGS, write_figures, write_tables
-from sysbench_gpu.arena.prompt import ArenaTemplate
+from sysbench_gpu.arena.outputs import write_figures, write_tables
 from sysbench_gpu.arena.ratings import outcomes, rate
-from sysbench_gpu.arena.replays import Changed, Pair, changed_battles, unparsed_battles
+from sysbench_gpu.arena.replays import changed_battles, unparsed_battles
+from sysbench_gpu.arena.request import STAGE, ArenaRequest, Plan, baseline_path, given_runs
 from sysbench_gpu.arena.runs import ArenaRun, load_runs
-from sysbench_gpu.core.arguments import check_out_folder
 from sysbench_gpu.core.errors import SysbenchError
-from sysbench_gpu.core.locks import lock_path, prepare_directory, stage_lock
-from sysbench_gpu.core.progress import DEFAULT_LOG_EVERY, stderr_is_terminal
-from sysbench_gpu.core.rundir import GENERATIONS, JUDGMENTS, RunDir, utc_now
-from sysbench_gpu.judging.cache import CACHE_DIRNAME
-from sysbench_gpu.judging.ledger import LEDGER, LEDGER_JOURNAL
+from sysbench_gpu.core.locks import prepare_directory, stage_lock
+from sysbench_gpu.core.progress import stderr_is_terminal
+from sysbench_gpu.core.rundir import RunDir, utc_now
 from sysbench_gpu.judging.rounds import JudgeSettings, JudgeSummary
-
-STAGE = "arena"
-# What an arena writes into its folder (besides manifest.json): a folder holding only these is an arena's
-# (one stopped before its first battle), as is one whose manifest has a stages.arena section.
-ARENA_FILES = frozenset(
-    {
-        lock_path(Path(), STAGE).name,
-        BATTLES,
-        REPLACED,
-        RATINGS,
-        LEADERBOARD_MD,
-        LEADERBOARD_TEX,
-        "figures",
-        LEDGER,
-        LEDGER_JOURNAL,
-        CACHE_DIRNAME,
-    }
-)
-
-
-@dataclass(frozen=True)
-class ArenaRequest:
-    runs: Sequence[str]
-    out: Path
-    by: str = "verdicts"  # verdicts | judge
-    baseline: str | None = None
-    resamples: int = 1000
-    seed: int = 0
-    length_control: bool = False
-    formats: Sequence[str] = ("png",)
-    figures: bool = True
-    show_progress: bool = True
-    log_every: float = DEFAULT_LOG_EVERY  # judged battles, without a terminal: a progress line every so many seconds
-    judge: JudgeSettings | None = None
-    template: ArenaTemplate | None = None
-    retry_unparsed: bool = False  # ask again the judged battles whose answer never parsed
-    replay_changed: bool = False  # ask again the judged battles whose runs' conversations changed since
-
-    @property
-    def mode(self) -> str:
-        return "baseline" if self.baseline is not None else "all-pairs"
-
-
-def _given(request: ArenaRequest) -> list[str]:
-    """The runs, with the baseline first among them (added if it was not listed)."""
-    runs = list(request.runs)
-    if request.baseline is not None:
-        same = [r for r in runs if Path(r).resolve() == Path(request.baseline).resolve()]
-        runs = [request.baseline] + [r for r in runs if r not in same]
-    if len(runs) < 2:
-        raise SysbenchError("arena needs at least two runs (or one run and --baseline RUN)")
-    return runs
-
-
-def is_arena_folder(path: Path) -> bool:
-    """An earlier arena's folder: its manifest has a stages.arena section, or it holds only what an arena writes."""
-    run = RunDir(path)
-    if run.manifest_path.is_file():
-        return bool(run.stage_section(STAGE))
-    return all(entry.name in ARENA_FILES for entry in path.iterdir())
-
-
-def check_arena_out(request: ArenaRequest) -> None:
-    """``--out``: not a file, not one of the runs (nor inside one), and empty or an earlier arena; nothing made."""
-    inputs = [*request.runs, *([request.baseline] if request.baseline is not None else [])]
-    check_out_folder(request.out, inputs=inputs, kind="arena", is_own=is_arena_folder)
-
-
-def _check_same_arena(out: RunDir, request: ArenaRequest) -> None:
-    """Refuse to mix ways of deciding battles in one arena directory."""
-    section = out.stage_section(STAGE) if out.manifest_path.is_file() else {}
-    if not section:
-        return
-    if section.get("by") != request.by:
-        raise SysbenchError(
-            f"{out.manifest_path}: field by: this arena's battles were decided by {section.get('by')}; "
-            f"this call asks --by {request.by}; use another --out"
-        )
-    if request.by == "judge" and request.judge is not None and request.template is not None:
-        judge = section.get("judge") or {}
-        if judge.get("model") != request.judge.model or section.get("template", {}).get("sha256") != (
-            request.template.sha256
-        ):
-            raise SysbenchError(
-                f"{out.manifest_path}: field judge: battles here were judged by {judge.get('model')!r} with template "
-                f"{str(section.get('template', {}).get('sha256'))[:12]}; this call asks {request.judge.model!r} "
-                f"with template {request.template.sha256[:12]}; use another --out"
-            )
-    _check_same_mode(out, section, request)
-
-
-def _baseline_path(baseline: str | None) -> str | None:
-    return str(Path(baseline).resolve()) if baseline is not None else None
-
-
-def _check_same_mode(out: RunDir, section: Mapping[str, Any], request: ArenaRequest) -> None:
-    """Refuse a mode (or baseline) other than the one the stored battles were played in."""
-    store = BattleStore(out.path)
-    if "mode" not in section or not store.path.is_file() or store.path.stat().st_size == 0:
-        return  # nothing played yet: any mode may start here
-    mode, baseline = section.get("mode"), section.get("baseline")
-    stored_path = section.get("baseline_path") or _baseline_path(baseline)
-    if mode == request.mode and stored_path == _baseline_path(request.baseline):
-        return
-    had = f"against the baseline {baseline}" if mode == "baseline" else str(mode)
-    asks = f"against the baseline {request.baseline}" if request.baseline is not None else "all-pairs"
-    again = f"--baseline {baseline}" if mode == "baseline" else "no --baseline"
-    raise SysbenchError(
-        f"{out.manifest_path}: field mode: the battles in {request.out} were played {had}; this call asks {asks}; "
-        f"rerun with {again}, or use another --out"
-    )
 
 
 def _progress(total: int, desc: str, unit: str, shown: bool) -> Any:
@@ -166,24 +51,10 @@ def _progress(total: int, desc: str, unit: str, shown: bool) -> Any:
 
 
 def _load(request: ArenaRequest) -> tuple[list[ArenaRun], ArenaRun | None]:
-    given = _given(request)
+    given = given_runs(request)
     with _progress(len(given), "arena: runs", "run", request.show_progress) as bar:
         runs = load_runs(given, bar)
     return runs, (runs[0] if request.baseline is not None else None)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What is stored, the pairs of this call, and the stored battles to take out and play again."""
-
-    records: dict[BattleKey, BattleRecord]
-    chosen: list[Pair]
-    changed: Changed
-    retry: set[BattleKey]
-
-    @property
-    def to_replace(self) -> set[BattleKey]:
-        return self.changed.keys | self.retry
 
 
 def _plan(request: ArenaRequest, runs: Sequence[ArenaRun], baseline: ArenaRun | None) -> Plan:
@@ -216,7 +87,7 @@ def plan_dry_run(request: ArenaRequest) -> dict[str, Any]:
         raise SysbenchError("--dry-run estimates a judge's cost: pass --by judge --judge ... --judge-model ...")
     check_arena_out(request)
     runs, baseline = _load(request)
-    _check_same_arena(RunDir(request.out), request)
+    check_same_arena(RunDir(request.out), request)
     plan = _plan(request, runs, baseline)
     settings = _judge_settings(request, RunDir(request.out), plan)
     assert settings is not None
@@ -244,8 +115,8 @@ def run_arena(request: ArenaRequest, engine_factory: Callable[[], Any] | None = 
     started = utc_now()
     check_arena_out(request)
     runs, baseline = _load(request)
-    _check_same_arena(RunDir(request.out), request)
-    _check_outcomes_possible(request, runs, _plan(request, runs, baseline))
+    check_same_arena(RunDir(request.out), request)
+    check_outcomes_possible(request, runs, _plan(request, runs, baseline))
     made = not request.out.exists()
     prepare_directory(request.out, "folder for the arena")
     try:
@@ -266,52 +137,6 @@ def _remove_if_empty(folder: Path) -> None:
             entry.rmdir()
     if not any(folder.iterdir()):
         folder.rmdir()
-
-
-def _check_outcomes_possible(request: ArenaRequest, runs: Sequence[ArenaRun], plan: Plan) -> None:
-    """Refuse, before anything is written, a call after which no battle could have an outcome."""
-    kept = {key: record for key, record in plan.records.items() if key not in plan.to_replace}
-    if outcomes(kept, {(a.key, b.key) for a, b in plan.chosen})[0]:
-        return
-    if request.by == "judge":
-        if questions(plan.chosen, set(kept)):
-            return  # the judge decides; a call whose every answer fails to parse keeps them and says so
-        if kept:
-            raise SysbenchError(
-                f"{request.out / BATTLES}: no battle has an outcome ({len(kept)} battle records, none parsed in "
-                "both orders); rerun with --retry-unparsed to ask the judge again"
-            )
-    elif any(_judged_in_both(a, b) for a, b in plan.chosen):
-        return
-    raise SysbenchError(_no_battle_reason(request, runs, plan.chosen))
-
-
-def _judged_in_both(a: ArenaRun, b: ArenaRun) -> bool:
-    return any(a.points.get(key) is not None and b.points.get(key) is not None for key in battle_turns(a, b))
-
-
-def _no_battle_reason(request: ArenaRequest, runs: Sequence[ArenaRun], chosen: Sequence[Pair]) -> str:
-    """Why no pair has a battle: a run (and its file) with no reply or no verdict, or a pair with no turn shared."""
-    playing = {run.key for pair in chosen for run in pair}
-    for run in runs:
-        if run.key in playing and not any(run.reply(key) is not None for key in run.generations):
-            return (
-                f"arena: {Path(run.given) / GENERATIONS}: run {run.given} has no reply to battle with; "
-                "generate it first"
-            )
-    if request.by == "verdicts":
-        for run in runs:
-            if run.key in playing and all(points is None for points in run.points.values()):
-                return (
-                    f"arena: {Path(run.given) / JUDGMENTS}: run {run.given} has no judged turn, so no verdict "
-                    f"battle; judge it first (sysbench-gpu judge {run.given} ...), or use --by judge"
-                )
-    a, b = chosen[0]
-    what = "answered and judged" if request.by == "verdicts" else "answered"
-    return (
-        f"arena: no turn is {what} in both {a.given} and {b.given} ({GENERATIONS}, {JUDGMENTS}); "
-        "no battle can be played"
-    )
 
 
 class _AnnouncedStore(BattleStore):
@@ -342,9 +167,9 @@ def _run(
 ) -> dict[str, Any]:
     out = RunDir(request.out)
     # Checked again under the lock: another arena may have stored battles since the checks before it.
-    _check_same_arena(out, request)
+    check_same_arena(out, request)
     plan = _plan(request, runs, baseline)
-    _check_outcomes_possible(request, runs, plan)
+    check_outcomes_possible(request, runs, plan)
     settings = _judge_settings(request, out, plan)
 
     def announce() -> None:
@@ -479,7 +304,7 @@ def _manifest_fields(request: ArenaRequest, runs: Sequence[ArenaRun], started: s
         "by": request.by,
         "mode": request.mode,
         "baseline": request.baseline,
-        "baseline_path": _baseline_path(request.baseline),
+        "baseline_path": baseline_path(request.baseline),
         "seeds": {"bootstrap": request.seed, "judge": request.judge.seed if request.judge is not None else None},
         "resamples": request.resamples,
         "length_control": request.length_control,
