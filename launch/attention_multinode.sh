@@ -42,14 +42,8 @@ TORCHRUN="${TORCHRUN:-torchrun}"
 NPROC=${NPROC:-$(python -c 'import torch; print(max(torch.cuda.device_count(), 1))')}
 IFNAME="${IFNAME:-}"
 
-if [ -n "$IFNAME" ]; then
-  if ! [ -e "/sys/class/net/$IFNAME" ]; then
-    echo "$0: IFNAME=$IFNAME is not a network interface on this node (have: $(ls /sys/class/net | tr '\n' ' '))" >&2
-    exit 2
-  fi
-  export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-$IFNAME}"
-  export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-$IFNAME}"
-fi
+. "$(dirname "${BASH_SOURCE[0]}")/lib/cluster_net.sh"
+use_cluster_interface
 # What can be checked from one node: the model path and this node's versions (compare them across nodes).
 case "$MODEL" in
   /*|./*|../*)

@@ -63,23 +63,14 @@ DP=$((NODES * GPUS_PER_NODE / TP))
 
 export VLLM_HOST_IP="$NODE_IP"
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"       # every node has the model already; nothing downloads
-# Only when given: a fixed default (eth0) kills the run on nodes whose interface has another name.
-if [ -n "$IFNAME" ]; then
-  if ! [ -e "/sys/class/net/$IFNAME" ]; then
-    echo "$0: IFNAME=$IFNAME is not a network interface on this node (have: $(ls /sys/class/net | tr '\n' ' '))" >&2
-    exit 2
-  fi
-  export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-$IFNAME}"
-  export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-$IFNAME}"
-fi
+. "$(dirname "${BASH_SOURCE[0]}")/lib/cluster_net.sh"
+use_cluster_interface
 
 case "$ROLE" in
   head)
     ray start --head --port "$RAY_PORT" --node-ip-address "$NODE_IP" --num-gpus "$GPUS_PER_NODE"
     echo "waiting for $NODES nodes (start '$0 worker' on the others)..." >&2
-    until [ "$(python -c 'import ray; ray.init(address="auto", logging_level="ERROR"); print(sum(1 for n in ray.nodes() if n["Alive"]))')" -ge "$NODES" ]; do
-      sleep 5
-    done
+    wait_for_ray_nodes "$NODES"
     ray status
     # What can be checked from here: each node's versions and the model's presence, by a task on that node.
     python - "$MODEL" <<'CHECK'

@@ -209,19 +209,7 @@ def test_a_replica_killed_mid_turn_loses_nothing_and_writes_nothing_twice(ray_lo
         "hf", model="stand-in", data_parallel_size=2, replica_factory=STAND_IN, marker_dir=str(markers), victim_call=2
     )
     killed: dict[str, int] = {}
-
-    def kill_the_victim() -> None:
-        victim = markers / "victim"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            text = victim.read_text() if victim.exists() else ""
-            if text:
-                killed["pid"] = int(text)
-                os.kill(killed["pid"], signal.SIGKILL)
-                return
-            time.sleep(0.05)
-
-    killer = threading.Thread(target=kill_the_victim, daemon=True)
+    killer = threading.Thread(target=kill_when_named, args=(markers / "victim", killed), daemon=True)
     killer.start()
     run = RunDir(tmp_path / "run")
     try:
@@ -305,13 +293,15 @@ def test_a_replica_that_cannot_be_placed_again_is_retired_and_its_sessions_move(
         killer.join(timeout=5)
 
 
-def kill_when_named(path: Path) -> None:
-    """SIGKILL the pid a stand-in writes to ``path`` (its "victim" marker), once it is there."""
+def kill_when_named(path: Path, killed: dict[str, int] | None = None) -> None:
+    """SIGKILL the pid a stand-in writes to ``path`` (its "victim" marker), once it is there; ``killed["pid"]``."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         text = path.read_text() if path.exists() else ""
         if text:
             os.kill(int(text), signal.SIGKILL)
+            if killed is not None:
+                killed["pid"] = int(text)
             return
         time.sleep(0.05)
 

@@ -97,13 +97,15 @@ def check_replica_flags(
     address: str | None,
     size_flag: str = "--data-parallel-size",
     address_flag: str = "--ray-address",
-) -> None:
-    """Replicas on Ray: an address only with replicas, and Ray installed for more than one (before any load)."""
+) -> str | None:
+    """The checked Ray address: one only with replicas, and Ray installed for more than one (before any load)."""
     count = size if isinstance(size, int) and not isinstance(size, bool) else None
-    if check_ray_address(address, address_flag) is not None and (count or 1) < 2:
+    checked = check_ray_address(address, address_flag)
+    if checked is not None and (count or 1) < 2:
         raise SysbenchError(f"{address_flag} places data-parallel replicas; it needs {size_flag} 2 or more")
     if count is not None and count > 1:
         require_ray(f"{size_flag} {count}")
+    return checked
 
 
 def parse_layer_spec(spec: str, n_layers: int | None = None, flag: str = "--layers") -> list[int] | None:

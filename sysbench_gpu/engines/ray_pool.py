@@ -186,10 +186,6 @@ class RayReplicaPool:
 
     # --- calls ------------------------------------------------------------------------
 
-    @property
-    def size(self) -> int:
-        return self.spec.count
-
     def serving(self) -> list[int]:
         return [r for r in range(self.spec.count) if not self.retired[r]]
 
@@ -247,6 +243,9 @@ class RayReplicaPool:
         except BaseException:
             self._abandoned = bool(pending)
             raise
+        missing = [p for p, r in enumerate(results) if r is None]
+        if missing:  # never a shorter list: the scheduler pairs completions with requests by position
+            raise SysbenchError(f"{self.spec.label}: no completion for conversation {missing[0]} of {len(results)}")
         return [r for r in results if r is not None]
 
     def _shards(self, keys: Sequence[str], positions: Iterable[int]) -> dict[int, list[int]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sysbench_gpu.core.arguments import check_ray_address
+from sysbench_gpu.core.arguments import check_replica_flags
 from sysbench_gpu.core.chat import ChatMessage
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.engines.base import Completion, SamplingSpec
@@ -82,11 +82,7 @@ def hf_engine(
     """The hf engine with ``data_parallel_size`` replicas (1: in this process, without Ray)."""
     if isinstance(data_parallel_size, bool) or not isinstance(data_parallel_size, int) or data_parallel_size < 1:
         raise SysbenchError(f"hf engine: data_parallel_size must be a whole number >= 1, got {data_parallel_size!r}")
-    address = check_ray_address(ray_address, flag="ray_address")
-    if address is not None and data_parallel_size < 2:
-        raise SysbenchError(
-            "hf engine: ray_address places data-parallel replicas; it needs data_parallel_size 2 or more"
-        )
+    address = check_replica_flags(data_parallel_size, ray_address, "data_parallel_size", "ray_address")
     if data_parallel_size == 1:
         return load_factory(replica_factory)(model=model, **options)
     device = options.get("device")

@@ -32,7 +32,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from sysbench_gpu.core.arguments import check_ray_address
+from sysbench_gpu.core.arguments import check_replica_flags
 from sysbench_gpu.core.chat import ChatMessage
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.progress import stderr_is_terminal
@@ -383,11 +383,7 @@ class VLLMEngine:
                 "vllm engine: data_parallel_size > 1 runs replicas as Ray actors and cannot be combined with "
                 "distributed_executor_backend='external_launcher' (torchrun starts every rank itself)"
             )
-        address = check_ray_address(ray_address, flag="ray_address")
-        if address is not None and data_parallel_size < 2:
-            raise SysbenchError(
-                "vllm engine: ray_address places data-parallel replicas; it needs data_parallel_size 2 or more"
-            )
+        address = check_replica_flags(data_parallel_size, ray_address, "data_parallel_size", "ray_address")
         self.model = model
         self.settings: dict[str, Any] = dict(
             tensor_parallel_size=tensor_parallel_size,

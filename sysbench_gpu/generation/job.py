@@ -55,13 +55,21 @@ class GenerationJob:
         plan = self.settings.plan(self.dataset)
         return {(s.system_id, turn) for s in sessions for turn in plan.answered(s)}
 
-    def complete(self) -> bool:
-        """Whether the stage finished here before and every wanted record is stored (a rerun would add none)."""
+    def stored(self) -> set[Key]:
+        """The (session, turn) records in the run directory now."""
+        generations = self.run_dir.generations
+        return set(generations.read()) if generations.path.exists() else set()
+
+    def complete(self, wanted: set[Key] | None = None, stored: set[Key] | None = None) -> bool:
+        """Whether the stage finished here before and every wanted record is stored (a rerun would add none).
+
+        ``wanted`` and ``stored``: :meth:`wanted` and :meth:`stored` where the caller has them already.
+        """
         if not self.run_dir.manifest_path.is_file():
             return False
         if self.run_dir.stage_section(STAGE).get("status") != "complete":
             return False
-        return self.wanted() <= set(self.run_dir.generations.read())
+        return (self.wanted() if wanted is None else wanted) <= (self.stored() if stored is None else stored)
 
 
 def prepare_generation(

@@ -2,7 +2,7 @@
 
 ``judging.cli.job_from_args`` checks the flags, the run directory and the benchmark's template
 flags, and builds a :class:`JudgeJob` (nothing written, no engine). Then
-:func:`estimate_judging` is the dry run, :func:`judging_complete` says from the run
+:func:`estimate_judging` is the dry run, :func:`judging_progress` says from the run
 directory's own files whether anything is left to judge (refusing, as the judge itself would,
 a run judged by another judge), and :func:`run_judge_job` takes the lock, makes a
 ``--rejudge`` copy and judges.
@@ -54,23 +54,23 @@ def estimate_judging(job: JudgeJob) -> dict[str, Any]:
     )
 
 
-def judging_complete(job: JudgeJob) -> bool:
-    """Whether every generated turn has its record and the stage finished here (a rerun would judge nothing).
+def judging_progress(job: JudgeJob) -> tuple[bool, dict[str, Any] | None]:
+    """Whether a rerun would judge nothing, and the dry run of what is left (None before any judgment).
 
-    A run judged by another judge or template is refused here as the judge itself refuses it.
+    Complete: every generated turn has its record and the stage finished here. A run judged by another
+    judge or template is refused here as the judge itself refuses it.
     """
     run = job.run
     if not run.manifest_path.is_file() or not run.judgments.path.exists():
-        return False
+        return False, None
     if job.settings is not None:
         sessions = load_run_sessions(run)
         settings = benchmark_of(sessions).configured(job.benchmark_options).judge_settings(job.settings)
         _check_consistent(run.judgments.read(), settings, run)
-    if run.stage_section(STAGE).get("status") != "complete":
-        return False
     report = estimate_judging(job)
     pending = report["turns_to_judge"] + report["turns_scored_by_rule"] + report["turns_skipped_no_response"]
-    return pending == 0 and report["turns_not_generated"] == 0
+    finished = run.stage_section(STAGE).get("status") == "complete"
+    return finished and pending == 0 and report["turns_not_generated"] == 0, report
 
 
 def run_judge_job(job: JudgeJob, *, progress: bool = True, log_every: float = DEFAULT_LOG_EVERY) -> JudgeSummary:

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO
 
@@ -35,15 +35,20 @@ class ChildResult:
     seconds: float
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: SIGKILL this process when the process that started it dies."""
-    try:
-        import ctypes
+def _die_with(parent: int) -> Callable[[], None]:
+    def die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+        """Linux: SIGKILL this process when the process that started it dies."""
+        try:
+            import ctypes
 
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+        if os.getppid() != parent:  # the runner died before the prctl: no signal will come
+            os._exit(1)
+
+    return die_with_parent
 
 
 def run_child(command: Sequence[str], env: Mapping[str, str], stdout: IO[str], stderr: IO[str]) -> ChildResult:
@@ -56,7 +61,7 @@ def run_child(command: Sequence[str], env: Mapping[str, str], stdout: IO[str], s
         stdin=subprocess.DEVNULL,
         env=dict(env),
         start_new_session=True,  # its own process group: waited for, and signalled, as one
-        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        preexec_fn=_die_with(os.getpid()) if sys.platform.startswith("linux") else None,
     )
     tail = ""
     try:

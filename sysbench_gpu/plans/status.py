@@ -27,7 +27,7 @@ from sysbench_gpu.core.rundir import RunDir
 from sysbench_gpu.core.sessions import parse_session_ids, select_sessions
 from sysbench_gpu.generation import cli as generation_cli
 from sysbench_gpu.judging import cli as judging_cli
-from sysbench_gpu.judging.job import estimate_judging, judging_complete
+from sysbench_gpu.judging.job import estimate_judging, judging_progress
 from sysbench_gpu.plans.steps import Step
 from sysbench_gpu.plans.upper_bound import UpperBounds
 from sysbench_gpu.plans.verbs import parse_step
@@ -76,12 +76,12 @@ def step_state(step: Step, bounds: UpperBounds | None = None, *, estimate: bool 
 
 def _generate_state(step: Step) -> StepState:
     job = generation_cli.job_from_args(parse_step(step.argv))
-    if job.complete():
-        return StepState(step, "done", f"{len(job.wanted())} records there")
-    stored = len(job.run_dir.generations.read()) if job.run_dir.generations.path.exists() else 0
+    wanted, stored = job.wanted(), job.stored()  # each read once
+    if job.complete(wanted, stored):
+        return StepState(step, "done", f"{len(wanted)} records there")
     if stored:
-        return StepState(step, "half done", f"{stored} of {len(job.wanted())} records; resumes")
-    return StepState(step, "to do", f"{len(job.wanted())} records to generate")
+        return StepState(step, "half done", f"{len(stored)} of {len(wanted)} records; resumes")
+    return StepState(step, "to do", f"{len(wanted)} records to generate")
 
 
 def _judge_state(step: Step, bounds: UpperBounds | None, estimate: bool) -> StepState:
@@ -91,14 +91,17 @@ def _judge_state(step: Step, bounds: UpperBounds | None, estimate: bool) -> Step
         # Not generated yet: the verb's checks and its dry run on a stand-in of the run.
         return _before_generation(step, bounds, "to do")
     job = judging_cli.job_from_args(args)
-    if judging_complete(job):
+    complete, left = judging_progress(job)  # one dry run: whether it is done, how many are judged, the estimate
+    if complete:
         return StepState(step, "done", "every generated turn judged")
-    judged = len(run.judgments.read()) if run.judgments.path.exists() else 0
+    judged = left["turns_already_judged"] if left is not None else 0
     state, note = ("half done", f"{judged} judged; resumes") if judged else ("to do", "")
     if bounds is not None and not _generation_complete(step, bounds):
         return _before_generation(step, bounds, state)
-    report = estimate_judging(job) if estimate else None
-    return StepState(step, state, note, report, "dry run" if report is not None else None)
+    if not estimate:
+        return StepState(step, state, note)
+    report = left if left is not None else estimate_judging(job)
+    return StepState(step, state, note, report, "dry run")
 
 
 def _before_generation(step: Step, bounds: UpperBounds | None, state: str) -> StepState:
