@@ -44,7 +44,7 @@ from sysbench_gpu.attention.capture.conversation import RunConversations, conver
 from sysbench_gpu.attention.capture.knockout import check_knockout_settings, run_knockout
 from sysbench_gpu.attention.capture.layers import resolve_layers
 from sysbench_gpu.attention.capture.layout import (
-    _DTYPES,
+    TORCH_DTYPES,
     Distributed,
     LoadPlan,
     check_tensor_parallel_heads,
@@ -224,7 +224,7 @@ def check_attention_args(
     check_integer(args.chunk_tokens, "--chunk-tokens", 1)
     check_integer(args.chunk_mib, "--chunk-mib", 1)
     check_finite(args.wait_timeout, "--wait-timeout", positive=True)
-    if args.dtype != "auto" and args.dtype not in _DTYPES:  # the load's own check, which runs after the manifest
+    if args.dtype != "auto" and args.dtype not in TORCH_DTYPES:  # the load's own check, which runs after the manifest
         raise SysbenchError(f"--dtype: unknown dtype {args.dtype!r} (auto, float32, bfloat16, float16)")
     knockout = getattr(args, "knockout", None)
     if knockout:

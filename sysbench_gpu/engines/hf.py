@@ -34,7 +34,7 @@ from sysbench_gpu.modeling.steering import Steering, text_token_span
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 512
-_DTYPES = {
+TORCH_DTYPES = {
     "auto": None,
     "bfloat16": "bfloat16",
     "bf16": "bfloat16",
@@ -410,10 +410,10 @@ def _resolve_dtype_name(dtype: str | None, device: str) -> str:
     """bf16 on a GPU, fp32 on the CPU, unless the user named one."""
     if dtype is not None:
         key = dtype.lower()
-        if key not in _DTYPES:
-            raise SysbenchError(f"hf engine: unknown dtype {dtype!r} (choose from {', '.join(sorted(_DTYPES))})")
-        if _DTYPES[key] is not None:
-            return _DTYPES[key]
+        if key not in TORCH_DTYPES:
+            raise SysbenchError(f"hf engine: unknown dtype {dtype!r} (choose from {', '.join(sorted(TORCH_DTYPES))})")
+        if TORCH_DTYPES[key] is not None:
+            return TORCH_DTYPES[key]
     return "bfloat16" if str(device).startswith("cuda") else "float32"
 
 

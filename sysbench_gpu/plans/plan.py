@@ -26,7 +26,7 @@ from sysbench_gpu.benchmarks.registry import (
 )
 from sysbench_gpu.core.errors import SysbenchError
 from sysbench_gpu.core.sessions import parse_session_ids
-from sysbench_gpu.generation.cli import ENGINE_FLAGS
+from sysbench_gpu.generation.flags import ENGINE_FLAGS
 from sysbench_gpu.generation.plan import HISTORY_MODES
 from sysbench_gpu.generation.settings import OVERFLOW_POLICIES
 from sysbench_gpu.judging.stage import JUDGE_BACKENDS

@@ -32,7 +32,7 @@ from sysbench_gpu.engines.startup import startup_failure
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {
+TORCH_DTYPES = {
     "float32": "float32",
     "fp32": "float32",
     "bfloat16": "bfloat16",
@@ -158,13 +158,13 @@ def load_model(name: str, dtype: str, plan: LoadPlan) -> tuple[Any, Any, str]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    if dtype != "auto" and dtype not in _DTYPES:
+    if dtype != "auto" and dtype not in TORCH_DTYPES:
         raise SysbenchError(f"--dtype: unknown dtype {dtype!r} (auto, float32, bfloat16, float16)")
     path = resolve_model(name)
     if plan.cuda_device is not None:
         # Before any CUDA allocation: otherwise every rank's context and caches land on GPU 0.
         torch.cuda.set_device(plan.cuda_device)
-    kwargs: dict[str, Any] = {"dtype": "auto" if dtype == "auto" else getattr(torch, _DTYPES[dtype])}
+    kwargs: dict[str, Any] = {"dtype": "auto" if dtype == "auto" else getattr(torch, TORCH_DTYPES[dtype])}
     if plan.device_map is not None:
         kwargs["device_map"] = plan.device_map
     try:
